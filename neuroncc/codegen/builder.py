@@ -1,0 +1,203 @@
+"""ProgramBuilder: writes NeuronCore instruction streams, in the spirit of NKI.
+
+The compiler's emitters use it, and so can a person writing a tile program by hand: declare HBM
+tensors, open a kernel, take SBUF/PSUM tiles from rotating pools, issue instructions.
+
+Invariants it maintains:
+- every instruction's `deps` covers every read-after-write, write-after-read and
+  write-after-write hazard with an earlier instruction on another engine (Note [dependencies]);
+- SBUF/PSUM tiles are 64-byte aligned regions inside the target's capacity; tiles of a kernel are
+  freed when the kernel closes, so later kernels reuse the space (the tracker orders the reuse);
+- HBM buffers never overlap and fit the target's HBM.
+
+Note [dependencies]: the tracker keeps, per memory (SBUF, PSUM, each HBM buffer), the accesses
+not yet superseded, each with a conservative bounding box (partitions x bytes, or an element span
+for HBM). A new access waits on every overlapping earlier access where either side writes.
+Because engines execute in order, waiting on the latest such instruction of each engine implies
+the earlier ones, so deps keep one id per engine. An access that a later write covers entirely is
+dropped: anything overlapping it later overlaps the write too and is ordered through it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+
+from neuroncc.codegen import isa
+from neuroncc.codegen.program import Buffer, Executable, Kernel, ValueLoc
+from neuroncc.codegen.targets import Target
+from neuroncc.errors import CodegenError
+from neuroncc.ir.types import DType
+
+ALIGN = 64
+
+Box = tuple[int, int, int, int]  # p0, p1, b0, b1 (HBM: 0, 1, element lo, element hi)
+
+
+def region(ref: isa.Operand) -> tuple[str, Box]:
+    if isinstance(ref, isa.TileRef):
+        return ref.mem, (ref.p0, ref.p0 + ref.np, ref.offset, ref.offset + ref.free_bytes)
+    lo, hi = ref.span()
+    return "hbm:" + ref.buffer, (0, 1, lo, hi)
+
+
+def overlaps(a: Box, b: Box) -> bool:
+    return a[0] < b[1] and b[0] < a[1] and a[2] < b[3] and b[2] < a[3]
+
+
+def covers(a: Box, b: Box) -> bool:
+    return a[0] <= b[0] and b[1] <= a[1] and a[2] <= b[2] and b[3] <= a[3]
+
+
+@dataclass
+class _Access:
+    instr: int
+    engine: str
+    box: Box
+    write: bool
+
+
+class DepTracker:
+    def __init__(self) -> None:
+        self._live: dict[str, list[_Access]] = {}
+
+    def deps(self, ins: isa.Instr) -> tuple[int, ...]:
+        latest: dict[str, int] = {}
+        for ref, write in _accesses(ins):
+            mem, box = region(ref)
+            for acc in self._live.get(mem, ()):
+                if (write or acc.write) and acc.engine != ins.engine and overlaps(box, acc.box):
+                    latest[acc.engine] = max(latest.get(acc.engine, -1), acc.instr)
+        return tuple(sorted(latest.values()))
+
+    def record(self, ins_id: int, ins: isa.Instr) -> None:
+        for ref, write in _accesses(ins):
+            mem, box = region(ref)
+            live = self._live.setdefault(mem, [])
+            if write:
+                live[:] = [a for a in live if not covers(box, a.box)]
+            live.append(_Access(ins_id, ins.engine, box, write))
+
+
+def _accesses(ins: isa.Instr) -> list[tuple[isa.Operand, bool]]:
+    return [(r, False) for r in ins.reads()] + [(w, True) for w in ins.writes()]
+
+
+class _Stack:
+    """A per-partition bump allocator whose allocations are released in LIFO order."""
+
+    def __init__(self, mem: str, capacity: int, align: int) -> None:
+        self.mem, self.capacity, self.align = mem, capacity, align
+        self.top = 0
+        self.high_water = 0
+
+    def alloc(self, nbytes: int) -> int:
+        start = -(-self.top // self.align) * self.align
+        end = start + nbytes
+        if end > self.capacity:
+            raise CodegenError(
+                f"{self.mem.upper()} overflow: needs {end} bytes per partition, "
+                f"the target has {self.capacity}"
+            )
+        self.top = end
+        self.high_water = max(self.high_water, end)
+        return start
+
+
+class TilePool:
+    """`bufs` rotating slots of one size: successive tiles alternate, so a load into slot i+1
+    can overlap compute on slot i (double/triple buffering). Dependencies order the reuse."""
+
+    def __init__(self, mem: str, base: int, slot_bytes: int, bufs: int) -> None:
+        self.mem, self.base, self.slot_bytes, self.bufs = mem, base, slot_bytes, bufs
+        self._next = 0
+
+    def tile(self, np_: int, free: Sequence[int], dtype: DType) -> isa.TileRef:
+        t = isa.TileRef(self.mem, 0, np_, 0, dtype, tuple(free))
+        if t.free_bytes > self.slot_bytes or np_ > 128:
+            raise CodegenError(f"tile {t} does not fit a {self.slot_bytes}-byte slot")
+        slot = self._next % self.bufs
+        self._next += 1
+        return replace(t, offset=self.base + slot * self.slot_bytes)
+
+
+class ProgramBuilder:
+    def __init__(self, target: Target, name: str = "main") -> None:
+        self.target, self.name = target, name
+        self.instructions: list[isa.Instr] = []
+        self.kernels: list[Kernel] = []
+        self.buffers: dict[str, Buffer] = {}
+        self._hbm_top = 0
+        self._tracker = DepTracker()
+        self._sbuf = _Stack("sbuf", target.sbuf_partition_bytes, ALIGN)
+        self._psum = _Stack("psum", target.psum_partition_bytes, target.psum_bank_bytes)
+        self._queue = 0
+
+    # -- HBM -------------------------------------------------------------------------------
+    def dram(self, name: str, shape: Sequence[int], dtype: DType, kind: str = "temp") -> Buffer:
+        if name in self.buffers:
+            raise CodegenError(f"HBM buffer {name!r} declared twice")
+        offset = -(-self._hbm_top // ALIGN) * ALIGN
+        buf = Buffer(name, kind, offset, dtype, tuple(shape))
+        self._hbm_top = offset + buf.nbytes
+        if self._hbm_top > self.target.hbm_bytes:
+            raise CodegenError(
+                f"tensors do not fit in HBM: {self._hbm_top / 2**30:.2f} GiB needed "
+                f"(buffer {name!r}: {buf.nbytes / 2**30:.2f} GiB), "
+                f"{self.target.name} has {self.target.hbm_bytes / 2**30:.0f} GiB per NeuronCore"
+            )
+        self.buffers[name] = buf
+        return buf
+
+    # -- on-chip memory ----------------------------------------------------------------------
+    def sbuf_pool(self, slot_bytes: int, bufs: int = 2) -> TilePool:
+        slot = -(-slot_bytes // ALIGN) * ALIGN
+        return TilePool("sbuf", self._sbuf.alloc(slot * bufs), slot, bufs)
+
+    def psum_pool(self, bufs: int = 2) -> TilePool:
+        bank = self.target.psum_bank_bytes
+        return TilePool("psum", self._psum.alloc(bank * bufs), bank, bufs)
+
+    @contextlib.contextmanager
+    def kernel(self, name: str) -> Iterator[None]:
+        sbuf_top, psum_top, start = self._sbuf.top, self._psum.top, len(self.instructions)
+        try:
+            yield
+        finally:
+            self._sbuf.top, self._psum.top = sbuf_top, psum_top
+        self.kernels.append(Kernel(name, start, len(self.instructions)))
+
+    # -- instructions ------------------------------------------------------------------------
+    def next_queue(self) -> str:
+        q = isa.dma_queue(self._queue % self.target.dma_queues)
+        self._queue += 1
+        return q
+
+    def emit(self, ins: isa.Instr) -> int:
+        ins = replace(ins, deps=self._tracker.deps(ins))
+        ins_id = len(self.instructions)
+        self.instructions.append(ins)
+        self._tracker.record(ins_id, ins)
+        return ins_id
+
+    def dma(self, dst: isa.Operand, src: isa.Operand, queue: str | None = None) -> int:
+        if dst.numel != src.numel:
+            raise CodegenError(f"dma copies {src.numel} elements into {dst.numel}: {src} -> {dst}")
+        return self.emit(isa.Dma(queue or self.next_queue(), dst=dst, src=src))
+
+    def finish(self, inputs: Sequence[ValueLoc], outputs: Sequence[ValueLoc]) -> Executable:
+        return Executable(
+            name=self.name,
+            target=self.target.name,
+            hbm_bytes=self._hbm_top,
+            buffers=tuple(self.buffers.values()),
+            inputs=tuple(inputs),
+            outputs=tuple(outputs),
+            instructions=tuple(self.instructions),
+            kernels=tuple(self.kernels),
+        )
+
+    @property
+    def sbuf_high_water(self) -> int:
+        return self._sbuf.high_water

@@ -1,0 +1,154 @@
+"""Emitters: IR graph -> Executable, one kernel per IR node (opt_level 0 code shape).
+
+Every value lives in its own HBM buffer (a reshape aliases its input's buffer: row-major data
+does not move). A kernel loads its inputs tile by tile into SBUF, computes on the engines and
+stores the result. Tiles respect the hardware limits (Note [tile limits]).
+
+Note [tile limits]: dimension 0 of a tile is the partition dimension (<= 128). Elementwise and
+reduction tiles hold at most TILE_BYTES per partition. Matmul tiles are stationary [K<=128,
+M<=128] and moving [K<=128, N<=512] with one fp32 PSUM bank ([M, 512] fp32 = 2 KiB) per output
+tile; K is accumulated in PSUM.
+
+The EMITTERS registry maps every Op to one function `(ctx, node) -> None`; the completeness test
+checks that no Op is missing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from neuroncc.codegen import isa
+from neuroncc.codegen.builder import ProgramBuilder
+from neuroncc.codegen.program import Executable, ValueLoc
+from neuroncc.codegen.targets import Target
+from neuroncc.ir.graph import Graph, Node, Value
+from neuroncc.ir.ops import Kind, Op
+from neuroncc.ir.types import DType
+
+TILE_BYTES = 8192
+P = 128
+
+
+class EmitCtx:
+    """The state of one graph's emission: the builder and where every value lives in HBM."""
+
+    def __init__(self, graph: Graph, target: Target) -> None:
+        self.graph, self.target = graph, target
+        self.b = ProgramBuilder(target, graph.name)
+        self.loc: dict[int, ValueLoc] = {}
+        outputs = {v.id for v in graph.outputs}
+        for i, v in enumerate(graph.inputs):
+            self.b.dram(f"in{i}", v.type.shape, v.type.dtype, "input")
+            self.loc[v.id] = ValueLoc(f"in{i}", v.type.shape, v.type.dtype)
+        self._output_ids = outputs
+
+    def alloc(self, v: Value) -> str:
+        name = f"v{v.id}"
+        kind = "output" if v.id in self._output_ids else "temp"
+        self.b.dram(name, v.type.shape, v.type.dtype, kind)
+        self.loc[v.id] = ValueLoc(name, v.type.shape, v.type.dtype)
+        return name
+
+    def buf(self, v: Value) -> str:
+        return self.loc[v.id].buffer
+
+
+Emitter = Callable[[EmitCtx, Node], None]
+EMITTERS: dict[Op, Emitter] = {}
+
+
+def register(*ops: Op) -> Callable[[Emitter], Emitter]:
+    def deco(fn: Emitter) -> Emitter:
+        for op in ops:
+            EMITTERS[op] = fn
+        return fn
+
+    return deco
+
+
+def row_view(numel: int) -> tuple[int, int]:
+    """View `numel` contiguous elements as [R, C] with R the largest divisor <= 128, so an
+    elementwise kernel fills as many partitions as the size allows."""
+    if numel == 0:
+        return 0, 0
+    for r in range(min(P, numel), 0, -1):
+        if numel % r == 0:
+            return r, numel // r
+    raise AssertionError("unreachable")
+
+
+def rect(buffer: str, dtype: DType, offset: int, row_stride: int, p: int, f: int) -> isa.DramRef:
+    """p rows of f contiguous elements, rows row_stride apart."""
+    return isa.DramRef(buffer, offset, dtype, ((row_stride, p), (1, f)))
+
+
+def tiles_2d(rows: int, cols: int, fmax: int):
+    """(r0, p, c0, f) for every [<=128, <=fmax] tile of a [rows, cols] matrix."""
+    for r0 in range(0, rows, P):
+        for c0 in range(0, cols, fmax):
+            yield r0, min(P, rows - r0), c0, min(fmax, cols - c0)
+
+
+def _compute_instr(n: Node, dst: isa.TileRef, srcs: list[isa.TileRef]) -> isa.Instr:
+    kind = n.op.info.kind
+    if n.op == Op.NOT:
+        return isa.TensorScalar("dve", op="eq", dst=dst, src=srcs[0], scalar=0.0)
+    if kind == Kind.UNARY:
+        return isa.Activation("act", func=n.op.value, dst=dst, src=srcs[0])
+    if kind in (Kind.BINARY, Kind.COMPARE):
+        return isa.TensorTensor("dve", op=n.op.value, dst=dst, a=srcs[0], b=srcs[1])
+    if kind == Kind.SELECT:
+        return isa.Select("dve", dst=dst, pred=srcs[0], a=srcs[1], b=srcs[2])
+    if kind == Kind.CAST:
+        return isa.TensorCopy("dve", dst=dst, src=srcs[0])
+    raise AssertionError(n.op)
+
+
+@register(*(op for op in Op if op.info.kind in (Kind.UNARY, Kind.BINARY, Kind.COMPARE, Kind.SELECT, Kind.CAST)))
+def emit_elementwise(ctx: EmitCtx, n: Node) -> None:
+    b = ctx.b
+    out = ctx.alloc(n.out)
+    values = [*n.inputs, n.out]
+    itemsize = max(v.type.dtype.itemsize for v in values)
+    fmax = TILE_BYTES // itemsize
+    rows, cols = row_view(n.out.type.numel)
+    slot = min(cols, fmax) * itemsize
+    pools = [b.sbuf_pool(slot, bufs=2) for _ in values]
+    for r0, p, c0, f in tiles_2d(rows, cols, fmax):
+        srcs = []
+        for v, pool in zip(n.inputs, pools, strict=False):
+            t = pool.tile(p, (f,), v.type.dtype)
+            b.dma(t, rect(ctx.buf(v), v.type.dtype, r0 * cols + c0, cols, p, f))
+            srcs.append(t)
+        dst = pools[-1].tile(p, (f,), n.out.type.dtype)
+        b.emit(_compute_instr(n, dst, srcs))
+        b.dma(rect(out, n.out.type.dtype, r0 * cols + c0, cols, p, f), dst)
+
+
+@register(Op.FULL)
+def emit_full(ctx: EmitCtx, n: Node) -> None:
+    b, t = ctx.b, n.out.type
+    out = ctx.alloc(n.out)
+    rows, cols = row_view(t.numel)
+    fmax = TILE_BYTES // t.dtype.itemsize
+    if not rows:
+        return
+    tile = b.sbuf_pool(min(cols, fmax) * t.dtype.itemsize, bufs=1).tile(min(P, rows), (min(cols, fmax),), t.dtype)
+    b.emit(isa.Memset("pool", dst=tile, value=float(n.attr("value"))))
+    for r0, p, c0, f in tiles_2d(rows, cols, fmax):
+        b.dma(rect(out, t.dtype, r0 * cols + c0, cols, p, f), tile.rows(p).cols(0, f))
+
+
+@register(Op.IOTA)
+def emit_iota(ctx: EmitCtx, n: Node) -> None:
+    b, t = ctx.b, n.out.type
+    out = ctx.alloc(n.out)
+    rows, cols = row_view(t.numel)
+    fmax = TILE_BYTES // t.dtype.itemsize
+    pool = b.sbuf_pool(min(cols, fmax) * t.dtype.itemsize, bufs=2) if rows else None
+    start, step = float(n.attr("start")), float(n.attr("step"))
+    for r0, p, c0, f in tiles_2d(rows, cols, fmax):
+        tile = pool.tile(p, (f,), t.dtype)
+        base = start + step * (r0 * cols + c0)
+        b.emit(isa.Iota("pool", dst=tile, base=base, pstep=step * cols, fstep=step))
+        b.dma(rect(out, t.dtype, r0 * cols + c0, cols, p, f), tile)

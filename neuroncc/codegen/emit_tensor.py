@@ -1,0 +1,210 @@
+"""Emitters for matmul, reductions, data movement and gathers (see emit.py for the conventions)."""
+
+from __future__ import annotations
+
+import math
+
+from neuroncc.codegen import isa
+from neuroncc.codegen.emit import TILE_BYTES, EmitCtx, P, rect, register, tiles_2d
+from neuroncc.ir.graph import Node
+from neuroncc.ir.ops import Op
+from neuroncc.ir.types import DType, contiguous_strides
+
+DMA_CHUNK_BYTES = 64 * 1024  # split large HBM->HBM copies so they spread over the queues
+
+_REDUCE_OP = {Op.REDUCE_SUM: "sum", Op.REDUCE_MAX: "max", Op.REDUCE_MIN: "min"}
+_COMBINE_OP = {"sum": "add", "max": "max", "min": "min"}
+
+
+@register(Op.MATMUL)
+def emit_matmul(ctx: EmitCtx, n: Node) -> None:
+    b, t = ctx.b, ctx.target
+    a_v, b_v = n.inputs
+    *batch, m, k = a_v.type.shape
+    nn = b_v.type.shape[-1]
+    dt, odt = a_v.type.dtype, n.out.type.dtype
+    a_buf, b_buf, out = ctx.buf(a_v), ctx.buf(b_v), ctx.alloc(n.out)
+    mt_max, nt_max, kt_max = t.pe_stationary_fmax, t.pe_moving_fmax, t.pe_rows
+    a_pool = b.sbuf_pool(mt_max * dt.itemsize, bufs=2)
+    b_pool = b.sbuf_pool(nt_max * dt.itemsize, bufs=2)
+    o_pool = b.sbuf_pool(nt_max * odt.itemsize, bufs=2)
+    ps_pool = b.psum_pool(bufs=2)
+    for bi in range(math.prod(batch)):
+        a_off, b_off, o_off = bi * m * k, bi * k * nn, bi * m * nn
+        for m0 in range(0, m, mt_max):
+            mt = min(mt_max, m - m0)
+            for n0 in range(0, nn, nt_max):
+                nt = min(nt_max, nn - n0)
+                ot = o_pool.tile(mt, (nt,), odt)
+                if k == 0:
+                    b.emit(isa.Memset("pool", dst=ot, value=0.0))
+                else:
+                    ps = ps_pool.tile(mt, (nt,), DType.F32)
+                    for ki, k0 in enumerate(range(0, k, kt_max)):
+                        kt = min(kt_max, k - k0)
+                        # Stationary = A^T tile: contraction axis K on partitions (layout rule 1).
+                        at = a_pool.tile(kt, (mt,), dt)
+                        b.dma(at, isa.DramRef(a_buf, a_off + m0 * k + k0, dt, ((1, kt), (k, mt))))
+                        bt = b_pool.tile(kt, (nt,), dt)
+                        b.dma(bt, rect(b_buf, dt, b_off + k0 * nn + n0, nn, kt, nt))
+                        b.emit(isa.Matmul("pe", dst=ps, stationary=at, moving=bt, accumulate=ki > 0))
+                    b.emit(isa.TensorCopy("act", dst=ot, src=ps))
+                b.dma(rect(out, odt, o_off + m0 * nn + n0, nn, mt, nt), ot)
+
+
+@register(Op.REDUCE_SUM, Op.REDUCE_MAX, Op.REDUCE_MIN)
+def emit_reduce(ctx: EmitCtx, n: Node) -> None:
+    b = ctx.b
+    (x,) = n.inputs
+    t = x.type
+    nred = len(n.attr("axes"))
+    rows = math.prod(t.shape[: t.rank - nred])
+    k = math.prod(t.shape[t.rank - nred :])
+    op = _REDUCE_OP[n.op]
+    acc_dt = DType.F32 if t.dtype.is_float else DType.I64
+    odt = n.out.type.dtype
+    src, out = ctx.buf(x), ctx.alloc(n.out)
+    fmax = TILE_BYTES // t.dtype.itemsize
+    in_pool = b.sbuf_pool(min(max(k, 1), fmax) * t.dtype.itemsize, bufs=2)
+    acc_pool = b.sbuf_pool(8, bufs=2)
+    part_pool = b.sbuf_pool(8, bufs=2)
+    out_pool = b.sbuf_pool(8, bufs=2)
+    for r0 in range(0, rows, P):
+        p = min(P, rows - r0)
+        acc = acc_pool.tile(p, (1,), acc_dt)
+        if k == 0:
+            if op != "sum":
+                raise ValueError(f"{n.op.value} of an empty tensor has no value")
+            b.emit(isa.Memset("pool", dst=acc, value=0.0))
+        for _, _, c0, f in tiles_2d(p, k, fmax):
+            xt = in_pool.tile(p, (f,), t.dtype)
+            b.dma(xt, rect(src, t.dtype, r0 * k + c0, k, p, f))
+            if c0 == 0:
+                b.emit(isa.TensorReduce("dve", op=op, dst=acc, src=xt))
+                continue
+            part = part_pool.tile(p, (1,), acc_dt)
+            b.emit(isa.TensorReduce("dve", op=op, dst=part, src=xt))
+            b.emit(isa.TensorTensor("dve", op=_COMBINE_OP[op], dst=acc, a=acc, b=part))
+        ot = out_pool.tile(p, (1,), odt)
+        b.emit(isa.TensorCopy("dve", dst=ot, src=acc))
+        b.dma(rect(out, odt, r0, 1, p, 1), ot)
+
+
+# -- data movement: HBM -> HBM DMA with access patterns -------------------------------------
+
+
+def _coalesce(shape, src_strides, dst_strides):
+    """Drop size-1 axes and merge axes that are contiguous in both patterns."""
+    dims = [(c, s, d) for c, s, d in zip(shape, src_strides, dst_strides, strict=True) if c != 1]
+    merged: list[tuple[int, int, int]] = []
+    for c, s, d in dims:
+        if merged:
+            pc, ps, pd = merged[-1]
+            if ps == s * c and pd == d * c:
+                merged[-1] = (pc * c, s, d)
+                continue
+        merged.append((c, s, d))
+    return merged or [(1, 1, 1)]
+
+
+def copy_pattern(
+    ctx: EmitCtx,
+    dst: str,
+    dst_off: int,
+    dst_strides,
+    src: str,
+    src_off: int,
+    src_strides,
+    shape,
+    dtype: DType,
+) -> None:
+    """Copy a logical `shape` between two strided views, split along the outer axis so that no
+    DMA moves more than DMA_CHUNK_BYTES; chunks go round-robin over the DMA queues."""
+    if math.prod(shape) == 0:
+        return
+    dims = _coalesce(shape, src_strides, dst_strides)
+    outer, s0, d0 = dims[0]
+    inner = dims[1:]
+    row_bytes = math.prod(c for c, _, _ in inner) * dtype.itemsize
+    step = max(1, DMA_CHUNK_BYTES // max(row_bytes, 1))
+    for i0 in range(0, outer, step):
+        cnt = min(step, outer - i0)
+        s_ref = isa.DramRef(src, src_off + i0 * s0, dtype, ((s0, cnt), *((s, c) for c, s, _ in inner)))
+        d_ref = isa.DramRef(dst, dst_off + i0 * d0, dtype, ((d0, cnt), *((d, c) for c, _, d in inner)))
+        ctx.b.dma(d_ref, s_ref)
+
+
+@register(Op.RESHAPE)
+def emit_reshape(ctx: EmitCtx, n: Node) -> None:
+    # Row-major data does not move: the result aliases its input's buffer.
+    src = ctx.loc[n.inputs[0].id]
+    ctx.loc[n.out.id] = type(src)(src.buffer, n.out.type.shape, n.out.type.dtype)
+
+
+@register(Op.TRANSPOSE)
+def emit_transpose(ctx: EmitCtx, n: Node) -> None:
+    x = n.inputs[0]
+    perm = n.attr("perm")
+    in_strides = contiguous_strides(x.type.shape)
+    shape = n.out.type.shape
+    out = ctx.alloc(n.out)
+    src_strides = [in_strides[p] for p in perm]
+    copy_pattern(ctx, out, 0, contiguous_strides(shape), ctx.buf(x), 0, src_strides, shape, x.type.dtype)
+
+
+@register(Op.BROADCAST)
+def emit_broadcast(ctx: EmitCtx, n: Node) -> None:
+    x = n.inputs[0]
+    in_strides = contiguous_strides(x.type.shape)
+    shape = n.out.type.shape
+    src_strides = [0 if d == 1 else s for d, s in zip(x.type.shape, in_strides, strict=True)]
+    out = ctx.alloc(n.out)
+    copy_pattern(ctx, out, 0, contiguous_strides(shape), ctx.buf(x), 0, src_strides, shape, x.type.dtype)
+
+
+@register(Op.SLICE)
+def emit_slice(ctx: EmitCtx, n: Node) -> None:
+    x = n.inputs[0]
+    in_strides = contiguous_strides(x.type.shape)
+    offset = sum(lo * s for lo, s in zip(n.attr("starts"), in_strides, strict=True))
+    src_strides = [s * st for s, st in zip(in_strides, n.attr("steps"), strict=True)]
+    shape = n.out.type.shape
+    out = ctx.alloc(n.out)
+    copy_pattern(ctx, out, 0, contiguous_strides(shape), ctx.buf(x), offset, src_strides, shape, x.type.dtype)
+
+
+@register(Op.CONCAT)
+def emit_concat(ctx: EmitCtx, n: Node) -> None:
+    axis = n.attr("axis")
+    out = ctx.alloc(n.out)
+    out_strides = contiguous_strides(n.out.type.shape)
+    pos = 0
+    for x in n.inputs:
+        shape = x.type.shape
+        copy_pattern(
+            ctx, out, pos * out_strides[axis], out_strides,
+            ctx.buf(x), 0, contiguous_strides(shape), shape, x.type.dtype,
+        )
+        pos += shape[axis]
+
+
+@register(Op.TAKE)
+def emit_take(ctx: EmitCtx, n: Node) -> None:
+    b = ctx.b
+    table, idx = n.inputs
+    rows_v, d = table.type.shape
+    count = idx.type.numel
+    dt, it = table.type.dtype, idx.type.dtype
+    out = ctx.alloc(n.out)
+    fmax = TILE_BYTES // dt.itemsize
+    idx_pool = b.sbuf_pool(it.itemsize, bufs=2)
+    row_pool = b.sbuf_pool(min(max(d, 1), fmax) * dt.itemsize, bufs=2)
+    for r0 in range(0, count, P):
+        p = min(P, count - r0)
+        ti = idx_pool.tile(p, (1,), it)
+        b.dma(ti, rect(ctx.buf(idx), it, r0, 1, p, 1))
+        for _, _, c0, f in tiles_2d(p, d, fmax):
+            tr = row_pool.tile(p, (f,), dt)
+            view = isa.DramRef(ctx.buf(table), c0, dt, ((d, rows_v), (1, f)))
+            b.emit(isa.DmaGather(b.next_queue(), dst=tr, table=view, index=ti))
+            b.dma(rect(out, dt, r0 * d + c0, d, p, f), tr)

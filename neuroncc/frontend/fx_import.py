@@ -1,0 +1,109 @@
+"""FX (ATen, after AOTAutograd) -> tensor IR.
+
+The importer only walks nodes and dispatches to the lowering registry: placeholders and
+`get_attr` constants become graph inputs (constants stay data, bound at call time, never baked
+into the IR), `call_function` nodes go to their rule, `getitem` picks from a rule's tuple, and
+the output node gives the graph outputs. It knows no op semantics.
+
+Every lowered result is checked against the FX node's metadata (shape and dtype), so a wrong
+rule fails at compile time, naming the node, instead of computing a wrong answer.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+
+from neuroncc.errors import UnsupportedError
+from neuroncc.frontend import lower_index, lower_pointwise, lower_tensor  # noqa: F401 (register)
+from neuroncc.frontend.registry import LOWERINGS, LowerCtx, fake_type
+from neuroncc.ir.graph import Graph, GraphBuilder, Value
+
+
+class LoweringError(UnsupportedError):
+    """A lowering rule produced a value whose type disagrees with PyTorch's."""
+
+
+@dataclass
+class ImportedGraph:
+    graph: Graph
+    # Per IR input: ("arg", i) for the i-th runtime argument, or ("const", tensor).
+    input_sources: list[tuple[str, Any]]
+    # Per FX output: index into graph.outputs, or None where the FX graph returns None.
+    output_slots: list[int | None]
+
+
+def _map_args(x: Any, env: dict[torch.fx.Node, Any]) -> Any:
+    if isinstance(x, torch.fx.Node):
+        return env[x]
+    if isinstance(x, (list, tuple)):
+        return type(x)(_map_args(v, env) for v in x)
+    if isinstance(x, dict):
+        return {k: _map_args(v, env) for k, v in x.items()}
+    return x
+
+
+def _check_type(v: Value, expected: Any, node: torch.fx.Node) -> None:
+    want = fake_type(expected)
+    if v.type != want:
+        raise LoweringError(f"lowering of {node.format_node()} produced {v.type}, expected {want}")
+
+
+def _lower_call(ctx: LowerCtx, node: torch.fx.Node, env: dict) -> Any:
+    rule = LOWERINGS.get(node.target)
+    if rule is None:
+        raise UnsupportedError(
+            f"no lowering for ATen op {node.target} (node {node.name}: {node.format_node()})",
+            op=str(node.target),
+        )
+    ctx.node = node
+    result = rule(ctx, *_map_args(node.args, env), **_map_args(node.kwargs, env))
+    val = node.meta.get("val")
+    if isinstance(result, Value):
+        _check_type(result, val, node)
+    else:
+        for r, want in zip(result, val, strict=True):
+            _check_type(r, want, node)
+    return result
+
+
+def import_fx(gm: torch.fx.GraphModule, name: str = "main") -> ImportedGraph:
+    b = GraphBuilder(name)
+    ctx = LowerCtx(b)
+    env: dict[torch.fx.Node, Any] = {}
+    sources: list[tuple[str, Any]] = []
+    outputs: list[Value] = []
+    slots: list[int | None] = []
+    arg_index = 0
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            env[node] = b.input(fake_type(node.meta.get("val")))
+            sources.append(("arg", arg_index))
+            arg_index += 1
+        elif node.op == "get_attr":
+            const = getattr(gm, node.target)
+            if not isinstance(const, torch.Tensor):
+                raise UnsupportedError(f"get_attr {node.target} is a {type(const).__name__}")
+            env[node] = b.input(fake_type(const))
+            sources.append(("const", const))
+        elif node.op == "call_function" and node.target is operator.getitem:
+            env[node] = env[node.args[0]][node.args[1]]
+        elif node.op == "call_function":
+            env[node] = _lower_call(ctx, node, env)
+        elif node.op == "output":
+            results = node.args[0]
+            for out in results if isinstance(results, (list, tuple)) else [results]:
+                if out is None:
+                    slots.append(None)
+                    continue
+                if not isinstance(out, torch.fx.Node) or not isinstance(env.get(out), Value):
+                    raise UnsupportedError(f"graph output {out!r} is not a tensor")
+                slots.append(len(outputs))
+                outputs.append(env[out])
+        else:
+            raise UnsupportedError(f"FX node kind {node.op!r} ({node.format_node()})")
+    return ImportedGraph(b.build(outputs), sources, slots)

@@ -1,0 +1,239 @@
+"""Lowerings of pointwise ATen ops: tables expanded by factories, plus the few rules with
+real semantics (alpha scaling, clamps, backward formulas).
+
+Type promotion follows the FX node's metadata: operands are cast to the result dtype for
+arithmetic, and to the promoted operand dtype for comparisons, then broadcast to the result shape.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from neuroncc.frontend.registry import LowerCtx, register_lowering
+from neuroncc.ir.graph import Value
+from neuroncc.ir.ops import Op
+from neuroncc.ir.types import DType
+
+aten = torch.ops.aten
+
+UNARY = {
+    aten.neg: Op.NEG,
+    aten.abs: Op.ABS,
+    aten.exp: Op.EXP,
+    aten.log: Op.LOG,
+    aten.tanh: Op.TANH,
+    aten.sigmoid: Op.SIGMOID,
+    aten.relu: Op.RELU,
+    aten.rsqrt: Op.RSQRT,
+    aten.sqrt: Op.SQRT,
+    aten.reciprocal: Op.RECIPROCAL,
+    aten.erf: Op.ERF,
+    aten.silu: Op.SILU,
+    aten.sin: Op.SIN,
+    aten.cos: Op.COS,
+    aten.logical_not: Op.NOT,
+}
+
+BINARY = {
+    aten.mul.Tensor: Op.MUL,
+    aten.mul.Scalar: Op.MUL,
+    aten.div.Tensor: Op.DIV,
+    aten.div.Scalar: Op.DIV,
+    aten.maximum.default: Op.MAX,
+    aten.minimum.default: Op.MIN,
+    aten.pow.Tensor_Tensor: Op.POW,
+    aten.pow.Tensor_Scalar: Op.POW,
+    aten.pow.Scalar: Op.POW,
+    aten.logical_and.default: Op.AND,
+    aten.logical_or.default: Op.OR,
+    aten.bitwise_and.Tensor: Op.AND,
+    aten.bitwise_and.Scalar: Op.AND,
+    aten.bitwise_or.Tensor: Op.OR,
+    aten.bitwise_or.Scalar: Op.OR,
+}
+
+COMPARE = {
+    getattr(getattr(aten, name), overload): op
+    for name, op in (("eq", Op.EQ), ("ne", Op.NE), ("lt", Op.LT), ("le", Op.LE), ("gt", Op.GT), ("ge", Op.GE))
+    for overload in ("Tensor", "Scalar")
+}
+
+
+def operand_dtype(*args: Value | float | int | bool) -> DType:
+    """The dtype PyTorch's type promotion gives operands of these dtypes and ranks."""
+    probes = []
+    for a in args:
+        if isinstance(a, Value):
+            probes.append(torch.empty((0,) * min(a.type.rank, 1), dtype=a.type.dtype.torch))
+        else:
+            probes.append(a)
+    result = probes[0]
+    for p in probes[1:]:
+        result = torch.empty((0,), dtype=torch.result_type(result, p))
+    dt = result.dtype if isinstance(result, torch.Tensor) else torch.result_type(torch.empty(()), result)
+    return DType.from_torch(dt)
+
+
+def _unary_rule(op: Op):
+    def rule(ctx: LowerCtx, x: Value) -> Value:
+        out = ctx.out_type()
+        return ctx.op(op, ctx.cast(x, out.dtype))
+
+    return rule
+
+
+def _binary_rule(op: Op):
+    def rule(ctx: LowerCtx, a, b) -> Value:
+        out = ctx.out_type()
+        # Bool-valued logical ops on non-bool inputs: compare with 0 first.
+        if op in (Op.AND, Op.OR):
+            if out.dtype != DType.BOOL and ctx.node.target.name().startswith("aten::bitwise"):
+                raise ctx.unsupported("bitwise ops on integers (only bool tensors are supported)")
+            dt = DType.BOOL
+            a = ctx.tensor(a, dt, out.shape) if not isinstance(a, Value) else _truthy(ctx, a, out.shape)
+            b = ctx.tensor(b, dt, out.shape) if not isinstance(b, Value) else _truthy(ctx, b, out.shape)
+            return ctx.cast(ctx.op(op, a, b), out.dtype)
+        return ctx.op(op, ctx.tensor(a, out.dtype, out.shape), ctx.tensor(b, out.dtype, out.shape))
+
+    return rule
+
+
+def _truthy(ctx: LowerCtx, v: Value, shape) -> Value:
+    v = ctx.broadcast_to(v, shape)
+    if v.type.dtype == DType.BOOL:
+        return v
+    return ctx.op(Op.NE, v, ctx.full(0, shape, v.type.dtype))
+
+
+def _compare_rule(op: Op):
+    def rule(ctx: LowerCtx, a, b) -> Value:
+        shape = ctx.out_type().shape
+        dt = operand_dtype(a, b)
+        return ctx.op(op, ctx.tensor(a, dt, shape), ctx.tensor(b, dt, shape))
+
+    return rule
+
+
+for _packet, _op in UNARY.items():
+    register_lowering(_packet)(_unary_rule(_op))
+for _packet, _op in BINARY.items():
+    register_lowering(_packet)(_binary_rule(_op))
+for _packet, _op in COMPARE.items():
+    register_lowering(_packet)(_compare_rule(_op))
+
+
+@register_lowering(aten.bitwise_not.default)
+def lower_bitwise_not(ctx: LowerCtx, x: Value) -> Value:
+    if x.type.dtype != DType.BOOL:
+        raise ctx.unsupported("bitwise_not on integers (only bool tensors are supported)")
+    return ctx.op(Op.NOT, x)
+
+
+def _scaled(ctx: LowerCtx, x, alpha, dtype: DType, shape) -> Value:
+    x = ctx.tensor(x, dtype, shape)
+    if alpha == 1:
+        return x
+    return ctx.op(Op.MUL, x, ctx.full(alpha, shape, dtype))
+
+
+@register_lowering(aten.add.Tensor, aten.add.Scalar)
+def lower_add(ctx: LowerCtx, a, b, alpha=1) -> Value:
+    out = ctx.out_type()
+    return ctx.op(Op.ADD, ctx.tensor(a, out.dtype, out.shape), _scaled(ctx, b, alpha, out.dtype, out.shape))
+
+
+@register_lowering(aten.sub.Tensor, aten.sub.Scalar)
+def lower_sub(ctx: LowerCtx, a, b, alpha=1) -> Value:
+    out = ctx.out_type()
+    return ctx.op(Op.SUB, ctx.tensor(a, out.dtype, out.shape), _scaled(ctx, b, alpha, out.dtype, out.shape))
+
+
+@register_lowering(aten.rsub.Scalar, aten.rsub.Tensor)
+def lower_rsub(ctx: LowerCtx, a, b, alpha=1) -> Value:
+    out = ctx.out_type()
+    return ctx.op(Op.SUB, ctx.tensor(b, out.dtype, out.shape), _scaled(ctx, a, alpha, out.dtype, out.shape))
+
+
+@register_lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def lower_where(ctx: LowerCtx, cond, a, b) -> Value:
+    out = ctx.out_type()
+    c = _truthy(ctx, cond, out.shape)
+    return ctx.op(Op.WHERE, c, ctx.tensor(a, out.dtype, out.shape), ctx.tensor(b, out.dtype, out.shape))
+
+
+@register_lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def lower_masked_fill(ctx: LowerCtx, x: Value, mask, value) -> Value:
+    return lower_where(ctx, mask, value, x)
+
+
+@register_lowering(aten.clamp.default, aten.clamp.Tensor)
+def lower_clamp(ctx: LowerCtx, x: Value, lo=None, hi=None) -> Value:
+    out = ctx.out_type()
+    y = ctx.cast(x, out.dtype)
+    if lo is not None:
+        y = ctx.op(Op.MAX, y, ctx.tensor(lo, out.dtype, out.shape))
+    if hi is not None:
+        y = ctx.op(Op.MIN, y, ctx.tensor(hi, out.dtype, out.shape))
+    return y
+
+
+@register_lowering(aten.clamp_min.default, aten.clamp_min.Tensor)
+def lower_clamp_min(ctx: LowerCtx, x: Value, lo) -> Value:
+    return lower_clamp(ctx, x, lo, None)
+
+
+@register_lowering(aten.clamp_max.default, aten.clamp_max.Tensor)
+def lower_clamp_max(ctx: LowerCtx, x: Value, hi) -> Value:
+    return lower_clamp(ctx, x, None, hi)
+
+
+@register_lowering(aten.gelu.default)
+def lower_gelu(ctx: LowerCtx, x: Value, approximate: str = "none") -> Value:
+    op = {"none": Op.GELU, "tanh": Op.GELU_TANH}.get(approximate)
+    if op is None:
+        raise ctx.unsupported(f"gelu approximate={approximate!r} (allowed: 'none', 'tanh')")
+    return ctx.op(op, ctx.cast(x, ctx.out_dtype))
+
+
+@register_lowering(aten.threshold_backward.default)
+def lower_threshold_backward(ctx: LowerCtx, grad: Value, x: Value, threshold) -> Value:
+    out = ctx.out_type()
+    below = ctx.op(Op.LE, x, ctx.tensor(threshold, x.type.dtype, out.shape))
+    return ctx.op(Op.WHERE, below, ctx.full(0, out.shape, out.dtype), grad)
+
+
+@register_lowering(aten.sigmoid_backward.default)
+def lower_sigmoid_backward(ctx: LowerCtx, grad: Value, y: Value) -> Value:
+    # grad * y * (1 - y)
+    one = ctx.full(1, y.type.shape, y.type.dtype)
+    return ctx.op(Op.MUL, grad, ctx.op(Op.MUL, y, ctx.op(Op.SUB, one, y)))
+
+
+@register_lowering(aten.tanh_backward.default)
+def lower_tanh_backward(ctx: LowerCtx, grad: Value, y: Value) -> Value:
+    # grad * (1 - y^2)
+    one = ctx.full(1, y.type.shape, y.type.dtype)
+    return ctx.op(Op.MUL, grad, ctx.op(Op.SUB, one, ctx.op(Op.MUL, y, y)))
+
+
+@register_lowering(aten._to_copy.default)
+def lower_to_copy(ctx: LowerCtx, x: Value, **kwargs) -> Value:
+    return ctx.cast(x, ctx.out_dtype)
+
+
+@register_lowering(
+    aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default
+)
+def lower_identity(ctx: LowerCtx, x: Value, **kwargs) -> Value:
+    return x
+
+
+@register_lowering(aten.copy.default)
+def lower_copy(ctx: LowerCtx, dst: Value, src: Value, non_blocking: bool = False) -> Value:
+    return ctx.tensor(src, dst.type.dtype, dst.type.shape)
+
+
+@register_lowering(aten.fill.Scalar)
+def lower_fill(ctx: LowerCtx, x: Value, value) -> Value:
+    out = ctx.out_type()
+    return ctx.full(value, out.shape, out.dtype)

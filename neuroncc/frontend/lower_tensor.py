@@ -1,0 +1,332 @@
+"""Hand-written lowerings for ops with real semantics: matmuls, views, reductions, softmax,
+layer norm, constants. Indexing ops (embedding, gather, scatter, index_put) are in lower_index.py.
+
+View-like ops take their result shape from the FX node's metadata (already resolved -1s etc.).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from neuroncc.frontend.registry import LowerCtx, norm_dim, register_lowering
+from neuroncc.ir.graph import Value
+from neuroncc.ir.ops import Op
+from neuroncc.ir.types import DType
+
+aten = torch.ops.aten
+
+
+# -- matmul ---------------------------------------------------------------------------------
+
+
+@register_lowering(aten.mm.default, aten.bmm.default)
+def lower_mm(ctx: LowerCtx, a: Value, b: Value) -> Value:
+    return ctx.op(Op.MATMUL, a, b)
+
+
+@register_lowering(aten.addmm.default)
+def lower_addmm(ctx: LowerCtx, bias: Value, a: Value, b: Value, beta=1, alpha=1) -> Value:
+    out = ctx.out_type()
+    prod = ctx.op(Op.MATMUL, a, b)
+    if alpha != 1:
+        prod = ctx.op(Op.MUL, prod, ctx.full(alpha, out.shape, out.dtype))
+    bias = ctx.tensor(bias, out.dtype, out.shape)
+    if beta == 0:
+        return prod
+    if beta != 1:
+        bias = ctx.op(Op.MUL, bias, ctx.full(beta, out.shape, out.dtype))
+    return ctx.op(Op.ADD, prod, bias)
+
+
+# -- views and layout -------------------------------------------------------------------------
+
+
+@register_lowering(
+    aten.view.default,
+    aten._unsafe_view.default,
+    aten.reshape.default,
+    aten.unsqueeze.default,
+    aten.squeeze.default,
+    aten.squeeze.dim,
+    aten.squeeze.dims,
+    aten.flatten.using_ints,
+    aten.view_as.default,
+)
+def lower_view(ctx: LowerCtx, x: Value, *args) -> Value:
+    return ctx.reshape(x, ctx.out_type().shape)
+
+
+@register_lowering(aten.expand.default)
+def lower_expand(ctx: LowerCtx, x: Value, size, implicit: bool = False) -> Value:
+    return ctx.broadcast_to(x, ctx.out_type().shape)
+
+
+@register_lowering(aten.permute.default)
+def lower_permute(ctx: LowerCtx, x: Value, dims) -> Value:
+    return ctx.transpose(x, [norm_dim(d, x.type.rank) for d in dims])
+
+
+@register_lowering(aten.t.default)
+def lower_t(ctx: LowerCtx, x: Value) -> Value:
+    return ctx.transpose(x, [1, 0]) if x.type.rank == 2 else x
+
+
+@register_lowering(aten.transpose.int)
+def lower_transpose(ctx: LowerCtx, x: Value, d0: int, d1: int) -> Value:
+    perm = list(range(x.type.rank))
+    if x.type.rank:
+        d0, d1 = norm_dim(d0, x.type.rank), norm_dim(d1, x.type.rank)
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+    return ctx.transpose(x, perm)
+
+
+def _slice(ctx: LowerCtx, x: Value, dim: int, start, end, step: int) -> Value:
+    size = x.type.shape[dim]
+    r = range(size)[slice(start, end, step)]
+    lo = min(r.start, size)
+    hi = lo + (len(r) - 1) * step + 1 if len(r) else lo
+    starts = [0] * x.type.rank
+    stops = list(x.type.shape)
+    steps = [1] * x.type.rank
+    starts[dim], stops[dim], steps[dim] = lo, hi, step
+    if (starts, stops, steps) == ([0] * x.type.rank, list(x.type.shape), [1] * x.type.rank):
+        return x
+    return ctx.op(Op.SLICE, x, starts=starts, stops=stops, steps=steps)
+
+
+@register_lowering(aten.slice.Tensor)
+def lower_slice(ctx: LowerCtx, x: Value, dim: int = 0, start=None, end=None, step: int = 1) -> Value:
+    return _slice(ctx, x, norm_dim(dim, x.type.rank), start, end, step)
+
+
+@register_lowering(aten.select.int)
+def lower_select(ctx: LowerCtx, x: Value, dim: int, index: int) -> Value:
+    dim = norm_dim(dim, x.type.rank)
+    index = index % x.type.shape[dim]
+    return ctx.reshape(_slice(ctx, x, dim, index, index + 1, 1), ctx.out_type().shape)
+
+
+@register_lowering(aten.split_with_sizes.default)
+def lower_split_with_sizes(ctx: LowerCtx, x: Value, sizes, dim: int = 0) -> tuple[Value, ...]:
+    dim = norm_dim(dim, x.type.rank)
+    parts, pos = [], 0
+    for s in sizes:
+        parts.append(_slice(ctx, x, dim, pos, pos + s, 1))
+        pos += s
+    return tuple(parts)
+
+
+@register_lowering(aten.split.Tensor)
+def lower_split(ctx: LowerCtx, x: Value, size: int, dim: int = 0) -> tuple[Value, ...]:
+    dim = norm_dim(dim, x.type.rank)
+    total = x.type.shape[dim]
+    sizes = [min(size, total - p) for p in range(0, total, size)] or [0]
+    return lower_split_with_sizes(ctx, x, sizes, dim)
+
+
+@register_lowering(aten.unbind.int)
+def lower_unbind(ctx: LowerCtx, x: Value, dim: int = 0) -> tuple[Value, ...]:
+    dim = norm_dim(dim, x.type.rank)
+    shape = x.type.shape[:dim] + x.type.shape[dim + 1 :]
+    return tuple(ctx.reshape(_slice(ctx, x, dim, i, i + 1, 1), shape) for i in range(x.type.shape[dim]))
+
+
+@register_lowering(aten.cat.default)
+def lower_cat(ctx: LowerCtx, tensors, dim: int = 0) -> Value:
+    out = ctx.out_type()
+    # Legacy behaviour: 1-d empty tensors are skipped whatever the other ranks.
+    parts = [ctx.cast(t, out.dtype) for t in tensors if not (t.type.rank == 1 and t.type.numel == 0)]
+    if not parts:
+        return ctx.full(0, out.shape, out.dtype)
+    dim = norm_dim(dim, out.rank)
+    return parts[0] if len(parts) == 1 else ctx.op(Op.CONCAT, *parts, axis=dim)
+
+
+# -- reductions -------------------------------------------------------------------------------
+
+
+def reduce(ctx: LowerCtx, op: Op, x: Value, dims, keepdim: bool) -> Value:
+    """Reduce any axes: transpose them to the end (Note [trailing reductions]), reduce, reshape."""
+    rank = x.type.rank
+    axes = sorted({norm_dim(d, rank) for d in dims}) if dims else list(range(rank))
+    if rank == 0:
+        return x
+    kept = [d for d in range(rank) if d not in axes]
+    y = ctx.transpose(x, kept + axes)
+    y = ctx.op(op, y, axes=list(range(len(kept), rank)), keepdim=False)
+    if keepdim:
+        y = ctx.reshape(y, [1 if d in axes else s for d, s in enumerate(x.type.shape)])
+    return y
+
+
+def _reduced_count(x: Value, dims) -> int:
+    rank = x.type.rank
+    axes = {norm_dim(d, rank) for d in dims} if dims else set(range(rank))
+    return math.prod(x.type.shape[d] for d in axes)
+
+
+@register_lowering(aten.sum.dim_IntList, aten.sum.default)
+def lower_sum(ctx: LowerCtx, x: Value, dims=None, keepdim: bool = False, dtype=None) -> Value:
+    return reduce(ctx, Op.REDUCE_SUM, ctx.cast(x, ctx.out_dtype), dims, keepdim)
+
+
+@register_lowering(aten.mean.dim, aten.mean.default)
+def lower_mean(ctx: LowerCtx, x: Value, dims=None, keepdim: bool = False, dtype=None) -> Value:
+    out = ctx.out_type()
+    s = reduce(ctx, Op.REDUCE_SUM, ctx.cast(x, out.dtype), dims, keepdim)
+    return ctx.op(Op.DIV, s, ctx.full(_reduced_count(x, dims), out.shape, out.dtype))
+
+
+@register_lowering(aten.amax.default, aten.max.default)
+def lower_amax(ctx: LowerCtx, x: Value, dims=(), keepdim: bool = False) -> Value:
+    return reduce(ctx, Op.REDUCE_MAX, x, dims, keepdim)
+
+
+@register_lowering(aten.amin.default, aten.min.default)
+def lower_amin(ctx: LowerCtx, x: Value, dims=(), keepdim: bool = False) -> Value:
+    return reduce(ctx, Op.REDUCE_MIN, x, dims, keepdim)
+
+
+def _arg_reduce(ctx: LowerCtx, op: Op, x: Value, dim, keepdim: bool) -> tuple[Value, Value]:
+    """(values, first index) of max/min along dim: compare with the extreme, take the least
+    matching index."""
+    if dim is None:
+        x, dim = ctx.reshape(x, [x.type.numel]), 0
+    dim = norm_dim(dim, x.type.rank)
+    ext = reduce(ctx, op, x, [dim], True)
+    hit = ctx.op(Op.EQ, x, ctx.broadcast_to(ext, x.type.shape))
+    size = x.type.shape[dim]
+    shape_1 = [size if d == dim else 1 for d in range(x.type.rank)]
+    iota = ctx.reshape(ctx.op(Op.IOTA, n=size, start=0, step=1, dtype=DType.I64), shape_1)
+    cand = ctx.op(Op.WHERE, hit, ctx.broadcast_to(iota, x.type.shape), ctx.full(size, x.type.shape, DType.I64))
+    idx = reduce(ctx, Op.REDUCE_MIN, cand, [dim], keepdim)
+    vals = ext if keepdim else ctx.reshape(ext, idx.type.shape)
+    return vals, idx
+
+
+@register_lowering(aten.max.dim)
+def lower_max_dim(ctx: LowerCtx, x: Value, dim: int, keepdim: bool = False) -> tuple[Value, Value]:
+    return _arg_reduce(ctx, Op.REDUCE_MAX, x, dim, keepdim)
+
+
+@register_lowering(aten.min.dim)
+def lower_min_dim(ctx: LowerCtx, x: Value, dim: int, keepdim: bool = False) -> tuple[Value, Value]:
+    return _arg_reduce(ctx, Op.REDUCE_MIN, x, dim, keepdim)
+
+
+@register_lowering(aten.argmax.default)
+def lower_argmax(ctx: LowerCtx, x: Value, dim=None, keepdim: bool = False) -> Value:
+    return ctx.reshape(_arg_reduce(ctx, Op.REDUCE_MAX, x, dim, keepdim)[1], ctx.out_type().shape)
+
+
+@register_lowering(aten.argmin.default)
+def lower_argmin(ctx: LowerCtx, x: Value, dim=None, keepdim: bool = False) -> Value:
+    return ctx.reshape(_arg_reduce(ctx, Op.REDUCE_MIN, x, dim, keepdim)[1], ctx.out_type().shape)
+
+
+# -- normalisations ---------------------------------------------------------------------------
+
+
+def _bcast(ctx: LowerCtx, v: Value, like: Value) -> Value:
+    return ctx.broadcast_to(v, like.type.shape)
+
+
+def softmax(ctx: LowerCtx, x: Value, dim: int, log: bool) -> Value:
+    """exp(x - max) / sum, in fp32 (as PyTorch computes low-precision softmax)."""
+    xf = ctx.cast(x, DType.F32)
+    m = reduce(ctx, Op.REDUCE_MAX, xf, [dim], True)
+    shifted = ctx.op(Op.SUB, xf, _bcast(ctx, m, xf))
+    e = ctx.op(Op.EXP, shifted)
+    s = reduce(ctx, Op.REDUCE_SUM, e, [dim], True)
+    if log:
+        y = ctx.op(Op.SUB, shifted, _bcast(ctx, ctx.op(Op.LOG, s), xf))
+    else:
+        y = ctx.op(Op.DIV, e, _bcast(ctx, s, xf))
+    return ctx.cast(y, ctx.out_dtype)
+
+
+@register_lowering(aten._softmax.default)
+def lower_softmax(ctx: LowerCtx, x: Value, dim: int, half_to_float: bool) -> Value:
+    return softmax(ctx, x, norm_dim(dim, x.type.rank), log=False)
+
+
+@register_lowering(aten._log_softmax.default)
+def lower_log_softmax(ctx: LowerCtx, x: Value, dim: int, half_to_float: bool) -> Value:
+    return softmax(ctx, x, norm_dim(dim, x.type.rank), log=True)
+
+
+@register_lowering(aten.native_layer_norm.default)
+def lower_layer_norm(ctx: LowerCtx, x: Value, normalized_shape, weight, bias, eps: float):
+    xf = ctx.cast(x, DType.F32)
+    axes = list(range(x.type.rank - len(normalized_shape), x.type.rank))
+    n = math.prod(normalized_shape)
+    stat_shape = [1 if d in axes else s for d, s in enumerate(x.type.shape)]
+    count = ctx.full(n, stat_shape, DType.F32)
+    mean = ctx.op(Op.DIV, reduce(ctx, Op.REDUCE_SUM, xf, axes, True), count)
+    xc = ctx.op(Op.SUB, xf, _bcast(ctx, mean, xf))
+    var = ctx.op(Op.DIV, reduce(ctx, Op.REDUCE_SUM, ctx.op(Op.MUL, xc, xc), axes, True), count)
+    rstd = ctx.op(Op.RSQRT, ctx.op(Op.ADD, var, ctx.full(eps, stat_shape, DType.F32)))
+    y = ctx.op(Op.MUL, xc, _bcast(ctx, rstd, xf))
+    if weight is not None:
+        y = ctx.op(Op.MUL, y, ctx.broadcast_to(ctx.cast(weight, DType.F32), y.type.shape))
+    if bias is not None:
+        y = ctx.op(Op.ADD, y, ctx.broadcast_to(ctx.cast(bias, DType.F32), y.type.shape))
+    out_t, mean_t, rstd_t = ctx.out_type(0), ctx.out_type(1), ctx.out_type(2)
+    return (
+        ctx.cast(y, out_t.dtype),
+        ctx.reshape(ctx.cast(mean, mean_t.dtype), mean_t.shape),
+        ctx.reshape(ctx.cast(rstd, rstd_t.dtype), rstd_t.shape),
+    )
+
+
+# -- constants --------------------------------------------------------------------------------
+
+
+@register_lowering(
+    aten.full.default,
+    aten.full_like.default,
+    aten.zeros.default,
+    aten.ones.default,
+    aten.zeros_like.default,
+    aten.ones_like.default,
+    aten.empty.memory_format,
+    aten.empty_like.default,
+    aten.new_zeros.default,
+    aten.new_ones.default,
+    aten.new_full.default,
+    aten.new_empty.default,
+    aten.scalar_tensor.default,
+    aten.empty_strided.default,
+)
+def lower_full(ctx: LowerCtx, *args, **kwargs) -> Value:
+    # Which argument holds the fill value depends on the op; `empty*` fill with 0 (any value
+    # is allowed there, and a defined one keeps results reproducible).
+    name = ctx.node.target.name().split("::")[1]
+    fill = {
+        "full": lambda: args[1],
+        "full_like": lambda: args[1],
+        "new_full": lambda: args[2],
+        "scalar_tensor": lambda: args[0],
+        "ones": lambda: 1,
+        "ones_like": lambda: 1,
+        "new_ones": lambda: 1,
+    }.get(name, lambda: 0)()
+    out = ctx.out_type()
+    return ctx.full(fill, out.shape, out.dtype)
+
+
+def _iota(ctx: LowerCtx, start, step) -> Value:
+    out = ctx.out_type()
+    return ctx.op(Op.IOTA, n=out.shape[0], start=start, step=step, dtype=out.dtype)
+
+
+@register_lowering(aten.arange.default)
+def lower_arange(ctx: LowerCtx, end, **kwargs) -> Value:
+    return _iota(ctx, 0, 1)
+
+
+@register_lowering(aten.arange.start, aten.arange.start_step)
+def lower_arange_start(ctx: LowerCtx, start, end, step=1, **kwargs) -> Value:
+    return _iota(ctx, start, step)

@@ -1,0 +1,140 @@
+"""The tensor IR graph: a flat SSA list of immutable nodes with static types.
+
+Invariants:
+- every Value is defined once: by a graph input or by exactly one Node (`node.out`);
+- nodes are in a topological order: a node only uses values defined before it;
+- a node's `out.type` is what its op's shape rule gives for its inputs and attributes;
+- attributes are stored in the op table's schema order, normalised to hashable Python values.
+
+Graphs are never edited in place: passes build new graphs with a GraphBuilder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from neuroncc.ir.ops import Op
+from neuroncc.ir.types import DType, TensorType
+
+AttrValue = int | float | bool | DType | tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Value:
+    id: int
+    type: TensorType
+
+    def __str__(self) -> str:
+        return f"%{self.id}"
+
+
+@dataclass(frozen=True)
+class Node:
+    op: Op
+    inputs: tuple[Value, ...]
+    attrs: tuple[tuple[str, AttrValue], ...]
+    out: Value
+
+    def attr(self, name: str) -> Any:
+        for k, v in self.attrs:
+            if k == name:
+                return v
+        raise KeyError(f"{self.op.value} has no attribute {name!r}")
+
+    @property
+    def attr_dict(self) -> dict[str, AttrValue]:
+        return dict(self.attrs)
+
+
+@dataclass(frozen=True)
+class Graph:
+    name: str
+    inputs: tuple[Value, ...]
+    nodes: tuple[Node, ...]
+    outputs: tuple[Value, ...]
+
+    def producers(self) -> dict[int, Node]:
+        return {n.out.id: n for n in self.nodes}
+
+    def users(self) -> dict[int, list[Node]]:
+        uses: dict[int, list[Node]] = {v.id: [] for v in self.inputs}
+        for n in self.nodes:
+            uses[n.out.id] = []
+        for n in self.nodes:
+            for v in n.inputs:
+                uses[v.id].append(n)
+        return uses
+
+
+def normalize_attr(kind: str, value: Any) -> AttrValue:
+    if kind == "ints":
+        return tuple(int(v) for v in value)
+    if kind == "int":
+        return int(value)
+    if kind == "bool":
+        return bool(value)
+    if kind == "dtype":
+        if not isinstance(value, DType):
+            raise TypeError(f"expected a DType, got {value!r}")
+        return value
+    if kind == "scalar":
+        if isinstance(value, bool):
+            return int(value)
+        if isinstance(value, int):
+            return value
+        return float(value)
+    raise TypeError(f"unknown attribute kind {kind!r}")
+
+
+def make_attrs(op: Op, attrs: Mapping[str, Any]) -> tuple[tuple[str, AttrValue], ...]:
+    schema = op.info.attrs
+    unknown = set(attrs) - set(schema)
+    missing = set(schema) - set(attrs)
+    if unknown or missing:
+        raise TypeError(
+            f"{op.value}: attributes are {sorted(schema)}; "
+            f"missing {sorted(missing)}, unknown {sorted(unknown)}"
+        )
+    return tuple((k, normalize_attr(kind, attrs[k])) for k, kind in schema.items())
+
+
+class GraphBuilder:
+    """Builds a Graph node by node, typing each node with its op's shape rule as it goes."""
+
+    def __init__(self, name: str = "main") -> None:
+        self.name = name
+        self._inputs: list[Value] = []
+        self._nodes: list[Node] = []
+        self._next_id = 0
+
+    def _fresh(self, t: TensorType) -> Value:
+        v = Value(self._next_id, t)
+        self._next_id += 1
+        return v
+
+    def input(self, t: TensorType) -> Value:
+        v = self._fresh(t)
+        self._inputs.append(v)
+        return v
+
+    def op(self, op: Op, *inputs: Value, **attrs: Any) -> Value:
+        info = op.info
+        if info.arity >= 0 and len(inputs) != info.arity:
+            raise TypeError(f"{op.value} takes {info.arity} inputs, got {len(inputs)}")
+        if info.arity < 0 and not inputs:
+            raise TypeError(f"{op.value} needs at least one input")
+        norm = make_attrs(op, attrs)
+        t = info.rule([v.type for v in inputs], dict(norm))
+        out = self._fresh(t)
+        self._nodes.append(Node(op, tuple(inputs), norm, out))
+        return out
+
+    def build(self, outputs: Sequence[Value]) -> Graph:
+        return Graph(self.name, tuple(self._inputs), tuple(self._nodes), tuple(outputs))
+
+
+def rebuild(g: Graph, nodes: Iterable[Node], outputs: Sequence[Value]) -> Graph:
+    """A graph with g's name and inputs and the given nodes and outputs (used by passes)."""
+    return Graph(g.name, g.inputs, tuple(nodes), tuple(outputs))

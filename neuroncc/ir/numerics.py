@@ -1,0 +1,118 @@
+"""Numpy definitions of the elementwise math functions, shared by the reference interpreter and
+the simulator's activation semantics (one definition of what `gelu` means).
+
+All functions take and return float32 arrays: the NeuronCore's Vector and Scalar engines compute
+in fp32 whatever the storage dtype, and so does this module.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """erf to ~1e-7 relative accuracy: Taylor series near 0, Numerical Recipes' erfc elsewhere."""
+    x64 = x.astype(np.float64)
+    a = np.abs(x64)
+    # Taylor series: 12 terms are exact to double precision for |x| < 0.5.
+    x2 = x64 * x64
+    term = x64.copy()
+    taylor = x64.copy()
+    for n in range(1, 12):
+        term = term * -x2 / n
+        taylor = taylor + term / (2 * n + 1)
+    taylor *= 2.0 / math.sqrt(math.pi)
+    # Chebyshev fit for erfc (fractional error < 1.2e-7), Numerical Recipes 6.2.
+    t = 1.0 / (1.0 + 0.5 * a)
+    poly = -a * a - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418
+        + t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587
+        + t * (-0.82215223 + t * 0.17087277))))))))
+    erfc = t * np.exp(poly)
+    far = np.sign(x64) * (1.0 - erfc)
+    return np.where(a < 0.5, taylor, far).astype(np.float32)
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    # exp of a non-positive argument never overflows.
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(np.float32)
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    return (0.5 * x * (1.0 + erf(x / np.float32(math.sqrt(2.0))))).astype(np.float32)
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    inner = np.float32(_SQRT_2_OVER_PI) * (x + np.float32(0.044715) * x * x * x)
+    return (0.5 * x * (1.0 + np.tanh(inner))).astype(np.float32)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return (x * sigmoid(x)).astype(np.float32)
+
+
+def _quiet(fn):
+    def wrapped(*args):
+        with np.errstate(all="ignore"):
+            return fn(*args)
+
+    wrapped.__name__ = fn.__name__
+    return wrapped
+
+
+# Activation functions by their ISA / IR name. Division by zero, log(0) etc. give inf / nan as
+# in IEEE arithmetic (and in PyTorch), without numpy warnings.
+UNARY: dict = {
+    name: _quiet(fn)
+    for name, fn in {
+        "neg": np.negative,
+        "abs": np.abs,
+        "exp": np.exp,
+        "log": np.log,
+        "tanh": np.tanh,
+        "sigmoid": sigmoid,
+        "relu": lambda x: np.maximum(x, np.float32(0)),
+        "rsqrt": lambda x: np.float32(1) / np.sqrt(x),
+        "sqrt": np.sqrt,
+        "reciprocal": lambda x: np.float32(1) / x,
+        "erf": erf,
+        "gelu": gelu,
+        "gelu_tanh": gelu_tanh,
+        "silu": silu,
+        "sin": np.sin,
+        "cos": np.cos,
+        "copy": lambda x: x,
+    }.items()
+}
+
+BINARY: dict = {
+    name: _quiet(fn)
+    for name, fn in {
+        "add": np.add,
+        "sub": np.subtract,
+        "mul": np.multiply,
+        "div": np.divide,
+        "max": np.maximum,
+        "min": np.minimum,
+        "pow": np.power,
+        "and": np.logical_and,
+        "or": np.logical_or,
+        "eq": np.equal,
+        "ne": np.not_equal,
+        "lt": np.less,
+        "le": np.less_equal,
+        "gt": np.greater,
+        "ge": np.greater_equal,
+    }.items()
+}
+
+COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
+
+
+def int_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Integer `div` truncates toward zero, as the IR defines it for integer dtypes."""
+    return np.trunc(a / b).astype(a.dtype)

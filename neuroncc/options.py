@@ -1,0 +1,89 @@
+"""CompileOptions: the validated, frozen options of one compilation.
+
+The environment is read here and only here, once per torch.compile backend call; explicit
+options win over environment variables. An unknown key or value is an OptionsError that lists
+what is allowed; so is an option whose feature this version does not have yet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from neuroncc.errors import OptionsError
+
+ENV_VARS = {
+    "target": "NEURONCC_TARGET",
+    "opt_level": "NEURONCC_OPT_LEVEL",
+    "cache_dir": "NEURONCC_CACHE_DIR",
+    "dump_dir": "NEURONCC_DUMP_DIR",
+}
+
+# Features named by the public surface that this version does not implement yet. Asking for
+# them is an error rather than a silent no-op.
+NOT_YET = {
+    ("auto_cast", "matmul"): "auto_cast='matmul' (bf16 matmuls) is not implemented yet",
+    ("fallback", True): (
+        "fallback=True (running unsupported regions eagerly) is not implemented yet; "
+        "unsupported ops raise UnsupportedError"
+    ),
+}
+
+
+class CompileOptions(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    target: Literal["trn1", "trn2", "trn3"] = "trn2"
+    opt_level: Literal[0, 1, 2] = 2
+    auto_cast: Literal["matmul"] | None = None
+    fallback: bool = False
+    dump_dir: str | None = None
+    cache_dir: str | None = None
+
+    @classmethod
+    def from_user(
+        cls, options: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+    ) -> CompileOptions:
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for key, var in ENV_VARS.items():
+            if environ.get(var):
+                raw = environ[var]
+                values[key] = int(raw) if key == "opt_level" and raw.isdigit() else raw
+        values.update(options or {})
+        unknown = sorted(set(values) - set(cls.model_fields))
+        if unknown:
+            raise OptionsError(
+                f"unknown neuroncc option(s) {unknown}; allowed: {', '.join(cls.model_fields)}"
+            )
+        try:
+            opts = cls(**values)
+        except ValidationError as e:
+            raise OptionsError(_explain(e)) from None
+        for (key, value), why in NOT_YET.items():
+            if key in values and getattr(opts, key) == value:
+                raise OptionsError(why)
+        if opts.cache_dir is not None:
+            raise OptionsError(
+                "cache_dir (the persistent compile cache) is not implemented yet; "
+                "graphs are cached in memory for the process"
+            )
+        return opts
+
+    def cache_key(self) -> str:
+        """A digest of every option that can change the compiled executable."""
+        relevant = self.model_dump(exclude={"dump_dir", "cache_dir"})
+        return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _explain(e: ValidationError) -> str:
+    parts = []
+    for err in e.errors():
+        key = ".".join(str(x) for x in err["loc"])
+        parts.append(f"option {key}={err.get('input')!r}: {err['msg']}")
+    return "invalid neuroncc options: " + "; ".join(parts)

@@ -1,0 +1,115 @@
+"""simplify: canonicalise with local rewrite rules, then CSE and DCE.
+
+Rules are data: each takes a node (inputs already rewritten) and the emitter and returns a Value
+that replaces the node, or None. `simplify_rules` lists them. A node a rule creates goes through
+the rules again (`_Emitter.add`), so every node reaches a fixed point.
+
+Invariant established: no identity reshape/transpose/broadcast/cast/slice, no chains of
+reshapes or transposes, no two nodes computing the same op on the same inputs, no dead nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
+
+from neuroncc.ir.graph import Graph, Node, Value, make_attrs
+from neuroncc.ir.ops import Op
+from neuroncc.passes.manager import PassContext, register_pass
+
+Rule = Callable[[Node, "_Emitter"], Value | None]
+
+
+class _Emitter:
+    """Builds the new node list; rules create nodes through it."""
+
+    def __init__(self, g: Graph) -> None:
+        self.nodes: list[Node] = []
+        self.next_id = 1 + max([v.id for v in g.inputs] + [n.out.id for n in g.nodes], default=-1)
+        self.producers: dict[int, Node] = {}
+        self.cse: dict[tuple, Value] = {}
+
+    def add(self, op: Op, inputs: tuple[Value, ...], attrs: dict) -> Value:
+        """Create a new node, simplified like any other."""
+        norm = make_attrs(op, attrs)
+        t = op.info.rule([v.type for v in inputs], dict(norm))
+        out = Value(self.next_id, t)
+        self.next_id += 1
+        return self.simplify(Node(op, inputs, norm, out))
+
+    def simplify(self, n: Node) -> Value:
+        for rule in simplify_rules:
+            new = rule(n, self)
+            if new is not None:
+                return new
+        return self.place(n)
+
+    def place(self, n: Node) -> Value:
+        key = (n.op, tuple(v.id for v in n.inputs), n.attrs)
+        if key in self.cse:
+            return self.cse[key]
+        self.nodes.append(n)
+        self.producers[n.out.id] = n
+        self.cse[key] = n.out
+        return n.out
+
+
+def _identity(n: Node, em: _Emitter) -> Value | None:
+    if len(n.inputs) != 1:
+        return None
+    x = n.inputs[0]
+    if n.op in (Op.RESHAPE, Op.BROADCAST, Op.CAST, Op.SLICE, Op.TRANSPOSE) and x.type == n.out.type:
+        if n.op != Op.TRANSPOSE or n.attr("perm") == tuple(range(x.type.rank)):
+            return x
+    return None
+
+
+def _reshape_chain(n: Node, em: _Emitter) -> Value | None:
+    if n.op != Op.RESHAPE:
+        return None
+    inner = em.producers.get(n.inputs[0].id)
+    if inner is None or inner.op != Op.RESHAPE:
+        return None
+    return em.add(Op.RESHAPE, inner.inputs, {"shape": n.out.type.shape})
+
+
+def _transpose_chain(n: Node, em: _Emitter) -> Value | None:
+    if n.op != Op.TRANSPOSE:
+        return None
+    inner = em.producers.get(n.inputs[0].id)
+    if inner is None or inner.op != Op.TRANSPOSE:
+        return None
+    outer, first = n.attr("perm"), inner.attr("perm")
+    perm = tuple(first[p] for p in outer)
+    if perm == tuple(range(len(perm))):
+        return inner.inputs[0]
+    return em.add(Op.TRANSPOSE, inner.inputs, {"perm": perm})
+
+
+simplify_rules: list[Rule] = [_identity, _reshape_chain, _transpose_chain]
+
+
+def dce(nodes: list[Node], outputs: tuple[Value, ...]) -> list[Node]:
+    live = {v.id for v in outputs}
+    kept = []
+    for n in reversed(nodes):
+        if n.out.id in live:
+            kept.append(n)
+            live.update(v.id for v in n.inputs)
+    return kept[::-1]
+
+
+@register_pass
+@dataclass(frozen=True)
+class Simplify:
+    name: ClassVar[str] = "simplify"
+
+    def run(self, g: Graph, ctx: PassContext) -> Graph:
+        em = _Emitter(g)
+        remap: dict[int, Value] = {v.id: v for v in g.inputs}
+        for n in g.nodes:
+            node = Node(n.op, tuple(remap[v.id] for v in n.inputs), n.attrs, n.out)
+            remap[n.out.id] = em.simplify(node)
+        outputs = tuple(remap[v.id] for v in g.outputs)
+        return Graph(g.name, g.inputs, tuple(dce(em.nodes, outputs)), outputs)

@@ -1,0 +1,72 @@
+"""The NeuronCore's memories as real byte arrays, with bounds and alignment checked on every view.
+
+HBM holds the executable's buffers at their offsets; SBUF and PSUM are [128, bytes-per-partition]
+arrays. A TileRef or DramRef becomes a numpy view onto these bytes, so instructions read and write
+the same storage: aliasing, capacity and out-of-bounds behave as on the device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from neuroncc.codegen import isa
+from neuroncc.codegen.program import Executable
+from neuroncc.codegen.targets import Target
+from neuroncc.errors import SimulationError
+
+
+class Memories:
+    def __init__(self, exe: Executable, target: Target) -> None:
+        self.exe = exe
+        self.hbm = np.zeros(max(exe.hbm_bytes, 1), dtype=np.uint8)
+        # Fresh on-chip memory holds garbage on the device; NaN-like bytes make reads of
+        # never-written tiles visible in results instead of silently reading zeros.
+        self.sbuf = np.full((target.partitions, target.sbuf_partition_bytes), 0xFF, np.uint8)
+        self.psum = np.full((target.partitions, target.psum_partition_bytes), 0xFF, np.uint8)
+        self._buffers = {b.name: b for b in exe.buffers}
+
+    def tile(self, ref: isa.TileRef) -> np.ndarray:
+        mem = {"sbuf": self.sbuf, "psum": self.psum}.get(ref.mem)
+        if mem is None:
+            raise SimulationError(f"unknown on-chip memory {ref.mem!r} in {ref}")
+        itemsize = ref.dtype.itemsize
+        end = ref.offset + ref.free_bytes
+        if ref.p0 < 0 or ref.np < 1 or ref.p0 + ref.np > mem.shape[0]:
+            raise SimulationError(f"{ref}: partitions {ref.p0}..{ref.p0 + ref.np} out of range")
+        if ref.offset < 0 or end > mem.shape[1]:
+            raise SimulationError(
+                f"{ref}: bytes {ref.offset}..{end} exceed the {mem.shape[1]}-byte partition"
+            )
+        if ref.offset % itemsize:
+            raise SimulationError(f"{ref}: offset not aligned to {itemsize} bytes")
+        raw = mem[ref.p0 : ref.p0 + ref.np, ref.offset : end]
+        return raw.view(ref.dtype.numpy).reshape(ref.shape)
+
+    def dram(self, ref: isa.DramRef) -> np.ndarray:
+        buf = self._buffers.get(ref.buffer)
+        if buf is None:
+            raise SimulationError(f"{ref}: no HBM buffer {ref.buffer!r}")
+        if buf.dtype != ref.dtype:
+            raise SimulationError(f"{ref}: buffer {buf.name} holds {buf.dtype.value}")
+        lo, hi = ref.span()
+        numel = buf.nbytes // buf.dtype.itemsize
+        if ref.numel and (lo < 0 or hi > numel):
+            raise SimulationError(f"{ref}: elements {lo}..{hi} outside buffer of {numel}")
+        itemsize = ref.dtype.itemsize
+        base = self.hbm[buf.offset : buf.offset + buf.nbytes].view(ref.dtype.numpy)
+        strides = tuple(s * itemsize for s, _ in ref.dims)
+        return as_strided(base[ref.offset :], shape=ref.shape, strides=strides)
+
+    def view(self, ref: isa.Operand) -> np.ndarray:
+        return self.tile(ref) if isinstance(ref, isa.TileRef) else self.dram(ref)
+
+    def write_buffer(self, name: str, data: np.ndarray) -> None:
+        buf = self._buffers[name]
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        self.hbm[buf.offset : buf.offset + buf.nbytes] = raw
+
+    def read_buffer(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        buf = self._buffers[name]
+        raw = self.hbm[buf.offset : buf.offset + buf.nbytes]
+        return raw.view(buf.dtype.numpy).reshape(shape).copy()
