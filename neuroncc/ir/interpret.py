@@ -99,7 +99,7 @@ def evaluate_node(n: Node, args: Sequence[np.ndarray]) -> np.ndarray:
     fn = _BY_OP.get(n.op) or _BY_KIND[n.op.info.kind]
     with np.errstate(all="ignore"):
         result = np.asarray(fn(n, *args))
-    return np.ascontiguousarray(result.astype(n.out.type.dtype.numpy)).reshape(n.out.type.shape)
+    return np.asarray(result.astype(n.out.type.dtype.numpy), order="C").reshape(n.out.type.shape)
 
 
 def interpret(g: Graph, args: Sequence[np.ndarray]) -> list[np.ndarray]:

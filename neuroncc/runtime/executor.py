@@ -29,7 +29,7 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
 
 
 def to_torch(a: np.ndarray) -> torch.Tensor:
-    a = np.ascontiguousarray(a)
+    a = np.asarray(a, order="C")  # ascontiguousarray would make 0-d arrays 1-d
     if a.dtype == ml_dtypes.bfloat16:
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(a)
@@ -57,4 +57,5 @@ class CompiledExecutable:
         STATS.add("instructions", prof.instructions)
         STATS.add("device_seconds", prof.device_ns * 1e-9)
         STATS.add("hbm_bytes", prof.hbm_bytes)
+        STATS.add_engine_busy(prof.engine_busy_ns)
         return [to_torch(o) for o in outs]

@@ -63,7 +63,7 @@ class Memories:
 
     def write_buffer(self, name: str, data: np.ndarray) -> None:
         buf = self._buffers[name]
-        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        raw = np.asarray(data, order="C").reshape(-1).view(np.uint8)
         self.hbm[buf.offset : buf.offset + buf.nbytes] = raw
 
     def read_buffer(self, name: str, shape: tuple[int, ...]) -> np.ndarray:

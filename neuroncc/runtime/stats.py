@@ -31,12 +31,18 @@ class Stats:
         with getattr(self, "_lock", threading.Lock()):
             self._values: dict[str, float] = dict.fromkeys(_COUNTERS, 0)
             self._fallback: Counter[str] = Counter()
+            self._engine_busy: Counter[str] = Counter()
 
     def add(self, key: str, amount: float = 1) -> None:
         if key not in self._values:
             raise KeyError(f"unknown stat {key!r}")
         with self._lock:
             self._values[key] += amount
+
+    def add_engine_busy(self, busy_ns: dict[str, float]) -> None:
+        with self._lock:
+            for engine, ns in busy_ns.items():
+                self._engine_busy[engine] += ns * 1e-9
 
     def add_fallback(self, op: str) -> None:
         with self._lock:
@@ -46,6 +52,7 @@ class Stats:
         with self._lock:
             out: dict[str, Any] = {k: (v if k == "device_seconds" else int(v)) for k, v in self._values.items()}
             out["fallback_nodes"] = dict(self._fallback)
+            out["engine_busy_seconds"] = dict(self._engine_busy)
         return out
 
 

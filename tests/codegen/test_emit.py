@@ -1,0 +1,137 @@
+"""Differential tests of the emitters: the simulator executing emitted instructions must compute
+what the reference interpreter computes, at and across every tile boundary."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from neuroncc.codegen.lower import emit_graph
+from neuroncc.codegen.targets import TARGETS, TRN2
+from neuroncc.ir import DType, GraphBuilder, Op, TensorType, interpret, verify
+from neuroncc.runtime.simulator import run
+from tests.strategies import graphs
+
+RNG = np.random.default_rng(0)
+
+
+def random_input(t: TensorType) -> np.ndarray:
+    if t.dtype == DType.BOOL:
+        return RNG.random(t.shape) > 0.5
+    if t.dtype.is_int:
+        return RNG.integers(-50, 50, t.shape).astype(t.dtype.numpy)
+    return RNG.standard_normal(t.shape).astype(np.float32).astype(t.dtype.numpy)
+
+
+def check(g, inputs=None, target=TRN2, rtol=1e-5, atol=1e-5):
+    verify(g)
+    inputs = inputs or [random_input(v.type) for v in g.inputs]
+    exe = emit_graph(g, target)
+    got = run(exe, inputs, target)
+    want = interpret(g, inputs)
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=rtol, atol=atol, equal_nan=True)
+    return exe
+
+
+@given(graphs())
+def test_random_graphs_simulate_like_the_interpreter(g):
+    check(g)
+
+
+def _unary_graph(op, shape, dtype=DType.F32, **attrs):
+    b = GraphBuilder()
+    x = b.input(TensorType(shape, dtype))
+    return b.build([b.op(op, x, **attrs)])
+
+
+@pytest.mark.parametrize(
+    ("m", "k", "n", "batch"),
+    [(1, 1, 1, ()), (4, 8, 16, ()), (130, 129, 513, ()), (3, 300, 700, ()), (5, 7, 9, (3,)), (2, 0, 3, ())],
+)
+@pytest.mark.parametrize("dtype", [DType.F32, DType.BF16])
+def test_matmul_tiles(m, k, n, batch, dtype):
+    b = GraphBuilder()
+    x = b.input(TensorType((*batch, m, k), dtype))
+    w = b.input(TensorType((*batch, k, n), dtype))
+    g = b.build([b.op(Op.MATMUL, x, w)])
+    tol = 1e-5 if dtype == DType.F32 else 1e-2
+    exe = check(g, rtol=tol, atol=tol * max(k, 1) ** 0.5)
+    matmuls = [i for i in exe.instructions if i.opcode == "matmul"]
+    assert all(i.stationary.np <= 128 and i.stationary.free_elems <= 128 for i in matmuls)
+    assert all(i.moving.free_elems <= 512 for i in matmuls)
+
+
+@pytest.mark.parametrize("shape", [(1,), (300, 7), (3, 5000), (2, 3, 129)])
+@pytest.mark.parametrize("op", [Op.REDUCE_SUM, Op.REDUCE_MAX, Op.REDUCE_MIN])
+def test_reductions(shape, op):
+    check(_unary_graph(op, shape, axes=[len(shape) - 1], keepdim=False), rtol=1e-4, atol=1e-4)
+
+
+def test_reduce_over_two_axes_and_int():
+    check(_unary_graph(Op.REDUCE_SUM, (4, 5, 6), axes=[1, 2], keepdim=True), rtol=1e-5)
+    check(_unary_graph(Op.REDUCE_MAX, (40, 6), DType.I64, axes=[1], keepdim=False))
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (7,), (129, 2049), (128, 3), (131,)])
+@pytest.mark.parametrize("op", [Op.EXP, Op.GELU_TANH, Op.RSQRT])
+def test_elementwise_tiles(shape, op):
+    check(_unary_graph(op, shape))
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_every_target(target):
+    b = GraphBuilder()
+    x = b.input(TensorType((200, 300), DType.F32))
+    y = b.op(Op.SIGMOID, b.op(Op.MATMUL, x, b.op(Op.TRANSPOSE, x, perm=[1, 0])))
+    check(b.build([y]), target=TARGETS[target], rtol=1e-4, atol=1e-4)
+
+
+def test_bf16_cast_rounds_like_ml_dtypes():
+    x = np.array([1.0, 1.00390625, 1.01171875, 3.14159, -2.7e-3, 1e30], dtype=np.float32)
+    b = GraphBuilder()
+    v = b.input(TensorType(x.shape, DType.F32))
+    g = b.build([b.op(Op.CAST, v, dtype=DType.BF16)])
+    (got,) = run(emit_graph(g, TRN2), [x], TRN2)
+    assert got.tobytes() == x.astype(ml_dtypes.bfloat16).tobytes()
+
+
+def test_integer_arithmetic_and_comparisons():
+    b = GraphBuilder()
+    x = b.input(TensorType((3, 40), DType.I64))
+    y = b.input(TensorType((3, 40), DType.I64))
+    outs = [b.op(op, x, y) for op in (Op.ADD, Op.SUB, Op.MUL, Op.MAX, Op.LT, Op.EQ)]
+    outs.append(b.op(Op.DIV, x, b.op(Op.FULL, shape=[3, 40], value=7, dtype=DType.I64)))
+    big = np.full((3, 40), 2**40 + 3, dtype=np.int64)  # beyond fp32's exact integers
+    check(b.build(outs), [big, random_input(TensorType((3, 40), DType.I64))])
+
+
+def test_movement_ops():
+    b = GraphBuilder()
+    x = b.input(TensorType((6, 130, 5), DType.F32))
+    t = b.op(Op.TRANSPOSE, x, perm=[2, 0, 1])
+    s = b.op(Op.SLICE, x, starts=[1, 3, 0], stops=[6, 130, 5], steps=[2, 7, 3])
+    c = b.op(Op.CONCAT, x, x, b.op(Op.FULL, shape=[6, 130, 1], value=2.0, dtype=DType.F32), axis=2)
+    r = b.op(Op.BROADCAST, b.op(Op.RESHAPE, b.op(Op.REDUCE_SUM, x, axes=[2], keepdim=True), shape=[6, 130, 1]), shape=[6, 130, 4])
+    check(b.build([t, s, c, r]))
+
+
+@given(st.integers(1, 300), st.integers(1, 40), st.integers(1, 2100))
+def test_take_and_iota(n, rows, d):
+    b = GraphBuilder()
+    table = b.input(TensorType((rows, min(d, 64)), DType.F32))
+    idx = b.input(TensorType((n,), DType.I64))
+    io = b.op(Op.IOTA, n=d, start=-3, step=2, dtype=DType.F32)
+    g = b.build([b.op(Op.TAKE, table, idx), io])
+    check(g, [random_input(table.type), RNG.integers(0, rows, n)])
+
+
+def test_where_and_logical():
+    b = GraphBuilder()
+    x = b.input(TensorType((17, 33), DType.F32))
+    y = b.input(TensorType((17, 33), DType.F32))
+    c = b.op(Op.AND, b.op(Op.GT, x, y), b.op(Op.NOT, b.op(Op.EQ, x, x)))
+    d = b.op(Op.OR, b.op(Op.LE, x, y), c)
+    check(b.build([b.op(Op.WHERE, d, x, y), c]))

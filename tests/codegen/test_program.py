@@ -1,0 +1,52 @@
+import json
+
+import numpy as np
+import pytest
+
+from neuroncc.codegen.listing import listing
+from neuroncc.codegen.lower import emit_graph
+from neuroncc.codegen.program import FORMAT_VERSION, Executable
+from neuroncc.codegen.targets import TRN2
+from neuroncc.ir import DType, GraphBuilder, Op, TensorType
+from neuroncc.runtime.simulator import run
+
+
+def _exe():
+    b = GraphBuilder("main")
+    x = b.input(TensorType((8, 16), DType.F32))
+    w = b.input(TensorType((16, 4), DType.BF16))
+    y = b.op(Op.MATMUL, b.op(Op.CAST, x, dtype=DType.BF16), w)
+    return emit_graph(b.build([b.op(Op.TANH, y)]), TRN2)
+
+
+def test_json_round_trip_is_exact_and_runs():
+    exe = _exe()
+    again = Executable.from_json(exe.to_json())
+    assert again == exe
+    x = np.ones((8, 16), np.float32)
+    w = np.ones((16, 4), DType.BF16.numpy)
+    assert np.array_equal(run(again, [x, w], TRN2)[0], run(exe, [x, w], TRN2)[0])
+
+
+def test_loading_rejects_other_versions_and_unknown_instructions():
+    data = json.loads(_exe().to_json())
+    data["version"] = FORMAT_VERSION + 1
+    with pytest.raises(ValueError, match="format version"):
+        Executable.from_json(json.dumps(data))
+    data = json.loads(_exe().to_json())
+    data["instructions"][0]["opcode"] = "exec_python"
+    with pytest.raises(ValueError, match="unknown instruction 'exec_python'"):
+        Executable.from_json(json.dumps(data))
+    data = json.loads(_exe().to_json())
+    data["instructions"][0]["payload"] = "x"
+    with pytest.raises(ValueError, match="fields"):
+        Executable.from_json(json.dumps(data))
+
+
+def test_listing_shows_kernels_engines_and_waits():
+    text = listing(_exe())
+    assert text.startswith("executable @main  target=trn2  format=v1")
+    assert "kernel matmul." in text and "kernel tanh." in text
+    assert " pe   matmul " in text and " act  activation " in text
+    assert "waits " in text
+    assert "in0      input  f32[8, 16]" in text

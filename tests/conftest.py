@@ -1,0 +1,25 @@
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+import neuroncc
+from neuroncc.runtime.cache import GRAPH_CACHE
+
+settings.register_profile(
+    "ci", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("dev", max_examples=200, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture
+def fresh():
+    """Empty graph cache, zeroed stats and a reset Dynamo: each test compiles from scratch."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    GRAPH_CACHE.clear()
+    neuroncc.reset_stats()
+    yield
+    torch._dynamo.reset()

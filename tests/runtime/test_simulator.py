@@ -1,0 +1,143 @@
+"""The simulator as a verifier: races, bounds and capacities are errors; timing follows the
+cost formulas and overlaps independent engines."""
+
+import numpy as np
+import pytest
+
+from neuroncc.codegen import isa
+from neuroncc.codegen.builder import ProgramBuilder
+from neuroncc.codegen.program import Executable, ValueLoc
+from neuroncc.codegen.targets import TRN1, TRN2
+from neuroncc.errors import CodegenError, RaceError, SimulationError
+from neuroncc.ir.types import DType
+from neuroncc.runtime.simulator import run
+from neuroncc.runtime.timing import time_executable
+
+F32 = DType.F32
+
+
+def _io_program(make_instrs, shape=(4, 8)):
+    """An executable with HBM input `in0` and output `out`, whose instructions are given
+    verbatim (deps as written: no tracker), to test what the simulator accepts."""
+    pb = ProgramBuilder(TRN2)
+    pb.dram("in0", shape, F32, "input")
+    pb.dram("out", shape, F32, "output")
+    tile = isa.TileRef("sbuf", 0, shape[0], 0, F32, shape[1:])
+    tile2 = isa.TileRef("sbuf", 0, shape[0], 1024, F32, shape[1:])
+    src = isa.DramRef("in0", 0, F32, ((shape[1], shape[0]), (1, shape[1])))
+    dst = isa.DramRef("out", 0, F32, ((shape[1], shape[0]), (1, shape[1])))
+    instrs = make_instrs(tile, tile2, src, dst)
+    loc_in, loc_out = ValueLoc("in0", shape, F32), ValueLoc("out", shape, F32)
+    return Executable("t", "trn2", pb._hbm_top, tuple(pb.buffers.values()), (loc_in,), (loc_out,), tuple(instrs), ())
+
+
+def test_correct_dependencies_run():
+    exe = _io_program(lambda t, t2, s, d: [
+        isa.Dma("q0", dst=t, src=s),
+        isa.Activation("act", func="exp", dst=t2, src=t, deps=(0,)),
+        isa.Dma("q1", dst=d, src=t2, deps=(1,)),
+    ])
+    x = np.arange(32, dtype=np.float32).reshape(4, 8) / 10
+    (y,) = run(exe, [x], TRN2)
+    np.testing.assert_allclose(y, np.exp(x), rtol=1e-6)
+
+
+def test_missing_read_after_write_dependency_is_a_race():
+    exe = _io_program(lambda t, t2, s, d: [
+        isa.Dma("q0", dst=t, src=s),
+        isa.Activation("act", func="exp", dst=t2, src=t),  # no wait on the load
+        isa.Dma("q1", dst=d, src=t2, deps=(1,)),
+    ])
+    with pytest.raises(RaceError, match=r"instruction 1 \(activation@act\) reads .* while instruction 0 \(dma@q0\) writes it"):
+        run(exe, [np.zeros((4, 8), np.float32)], TRN2)
+
+
+def test_missing_write_after_read_dependency_is_a_race():
+    exe = _io_program(lambda t, t2, s, d: [
+        isa.Dma("q0", dst=t, src=s),
+        isa.Activation("act", func="exp", dst=t2, src=t, deps=(0,)),
+        isa.Dma("q1", dst=t, src=s),  # overwrites the tile act may still be reading
+        isa.Dma("q2", dst=d, src=t2, deps=(1,)),
+    ])
+    with pytest.raises(RaceError, match=r"instruction 2 \(dma@q1\) writes"):
+        run(exe, [np.zeros((4, 8), np.float32)], TRN2)
+
+
+def test_transitive_order_is_enough():
+    # q1 waits on act, act waited on q0: q1's overwrite is ordered after q0's write.
+    exe = _io_program(lambda t, t2, s, d: [
+        isa.Dma("q0", dst=t, src=s),
+        isa.Activation("act", func="exp", dst=t2, src=t, deps=(0,)),
+        isa.Dma("q1", dst=t, src=s, deps=(1,)),
+        isa.Dma("q2", dst=d, src=t2, deps=(1,)),
+    ])
+    run(exe, [np.zeros((4, 8), np.float32)], TRN2)
+
+
+def test_bounds_are_checked():
+    oob = _io_program(lambda t, t2, s, d: [isa.Dma("q0", dst=t, src=isa.DramRef("in0", 30, F32, ((1, 32),)))])
+    with pytest.raises(SimulationError, match="elements 30..62 outside buffer of 32"):
+        run(oob, [np.zeros((4, 8), np.float32)], TRN2)
+    wide = isa.TileRef("sbuf", 100, 40, 0, F32, (8,))
+    with pytest.raises(SimulationError, match="partitions 100..140 out of range"):
+        run(_io_program(lambda t, t2, s, d: [isa.Memset("pool", dst=wide, value=0.0)]), [np.zeros((4, 8), np.float32)], TRN2)
+
+
+def test_matmul_tile_limits_are_enforced():
+    st_ = isa.TileRef("sbuf", 0, 4, 0, F32, (8,))
+    mv = isa.TileRef("sbuf", 0, 4, 4096, F32, (600,))
+    ps = isa.TileRef("psum", 0, 8, 0, F32, (600,))
+    exe = _io_program(lambda t, t2, s, d: [isa.Matmul("pe", dst=ps, stationary=st_, moving=mv, accumulate=False)])
+    with pytest.raises(SimulationError, match=r"moving free 600 \(max 512\)"):
+        run(exe, [np.zeros((4, 8), np.float32)], TRN2)
+
+
+def test_fresh_sbuf_is_garbage_not_zero():
+    exe = _io_program(lambda t, t2, s, d: [isa.Dma("q0", dst=d, src=t)])
+    (y,) = run(exe, [np.zeros((4, 8), np.float32)], TRN2)
+    assert np.isnan(y).all()
+
+
+def test_capacity_errors_name_the_sizes():
+    pb = ProgramBuilder(TRN2)
+    with pytest.raises(CodegenError, match="SBUF overflow: needs 307200 bytes per partition, the target has 229376"):
+        pb.sbuf_pool(300 * 1024, bufs=1)
+    with pytest.raises(CodegenError, match=r"tensors do not fit in HBM: 32.00 GiB needed .* trn2 has 24 GiB"):
+        pb.dram("huge", (8, 2**30), F32)
+
+
+def _dma_program(nbytes, chained, queues=("q0",)):
+    pb = ProgramBuilder(TRN2)
+    n = nbytes // 4
+    pb.dram("a", (n,), F32, "input")
+    pool = pb.sbuf_pool(n // 128 * 4, bufs=4)
+    for q in queues:
+        tile = pool.tile(128, (n // 128,), F32)
+        pb.dma(tile, isa.DramRef("a", 0, F32, ((n // 128, 128), (1, n // 128))), queue=q)
+        if chained:
+            pb.dma(isa.DramRef("a", 0, F32, ((n // 128, 128), (1, n // 128))), tile, queue=q)
+    return pb.finish([ValueLoc("a", (n,), F32)], [])
+
+
+def test_dma_32kib_on_one_trn2_engine_takes_about_1416ns():
+    prof = time_executable(_dma_program(32 * 1024, False), TRN2)
+    assert prof.device_ns == pytest.approx(1416, rel=0.15)
+
+
+def test_independent_queues_overlap_and_dependent_work_serialises():
+    one = time_executable(_dma_program(32 * 1024, False, ("q0",)), TRN2).device_ns
+    four = time_executable(_dma_program(32 * 1024, False, ("q0", "q1", "q2", "q3")), TRN2).device_ns
+    assert four == pytest.approx(one)
+    chain = time_executable(_dma_program(32 * 1024, True, ("q0",)), TRN2).device_ns
+    assert chain == pytest.approx(2 * one)
+
+
+def test_strided_dma_costs_more_than_contiguous():
+    pb = ProgramBuilder(TRN1)
+    pb.dram("a", (128, 128), F32, "input")
+    pool = pb.sbuf_pool(512, bufs=2)
+    pb.dma(pool.tile(128, (128,), F32), isa.DramRef("a", 0, F32, ((128, 128), (1, 128))), queue="q0")
+    pb.dma(pool.tile(128, (128,), F32), isa.DramRef("a", 0, F32, ((1, 128), (128, 128))), queue="q1")
+    exe = pb.finish([ValueLoc("a", (128, 128), F32)], [])
+    prof = time_executable(exe, TRN1)
+    assert prof.engine_busy_ns["q1"] > 10 * prof.engine_busy_ns["q0"]
