@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 from functorch.compile import make_boxed_func
-from torch._decomp import core_aten_decompositions
 from torch._dynamo.backends.common import aot_autograd
 
 from neuroncc import __version__
 from neuroncc.codegen.lower import emit_graph
 from neuroncc.codegen.targets import get_target
+from neuroncc.frontend.decompositions import DECOMPOSITIONS
 from neuroncc.frontend.dump import dump_graph
 from neuroncc.frontend.fx_import import import_fx
 from neuroncc.ir.printer import print_graph
@@ -32,7 +32,6 @@ from neuroncc.runtime.cache import GRAPH_CACHE, cache_key
 from neuroncc.runtime.executor import CompiledExecutable
 from neuroncc.runtime.stats import STATS
 
-DECOMPOSITIONS = core_aten_decompositions()
 
 
 class GraphRunner:

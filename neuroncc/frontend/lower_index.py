@@ -133,16 +133,29 @@ def lower_scatter_add(ctx: LowerCtx, x: Value, dim: int, index: Value, src: Valu
 
 @register_lowering(aten.index_put.default)
 def lower_index_put(ctx: LowerCtx, x: Value, indices, values: Value, accumulate: bool = False) -> Value:
-    if len(indices) != 1 or indices[0] is None or indices[0].type.dtype == DType.BOOL:
-        raise ctx.unsupported("index_put with other than one integer index tensor on dim 0")
+    """x[..., idx, ...] = values (or +=) with one integer index tensor at position `dim`."""
+    present = [i for i, t in enumerate(indices) if t is not None]
+    if len(present) != 1 or indices[present[0]].type.dtype == DType.BOOL:
+        raise ctx.unsupported("index_put needs exactly one integer index tensor")
+    dim = present[0]
+    idx = indices[dim]
+    if dim and idx.type.rank != 1:
+        raise ctx.unsupported("index_put off dim 0 needs a 1-d index")
     if not x.type.dtype.is_float:
         raise ctx.unsupported(f"index_put into {x.type.dtype.value} (float tensors only)")
-    (idx,) = indices
+    sel_shape = [*x.type.shape[:dim], *idx.type.shape, *x.type.shape[dim + 1 :]]
+    vals = ctx.tensor(values, DType.F32, sel_shape)
+    to_front = [dim] + [d for d in range(x.type.rank) if d != dim]
+    back = [to_front.index(d) for d in range(x.type.rank)]
+    result = _index_put_dim0(ctx, ctx.transpose(x, to_front), idx, ctx.transpose(vals, to_front), accumulate)
+    return ctx.transpose(result, back)
+
+
+def _index_put_dim0(ctx: LowerCtx, x: Value, idx: Value, vals: Value, accumulate: bool) -> Value:
     rows = x.type.shape[0]
     row_shape = x.type.shape[1:]
-    d = math.prod(row_shape)
     n = idx.type.numel
-    vals = ctx.reshape(ctx.tensor(values, DType.F32, [*idx.type.shape, *row_shape]), [n, d])
+    vals = ctx.reshape(vals, [n, math.prod(row_shape)])
     flat = ctx.reshape(idx, [n])
     # Negative indices count from the end, as in x[idx].
     negative = ctx.op(Op.LT, flat, ctx.full(0, [n], flat.type.dtype))

@@ -19,6 +19,8 @@ aten = torch.ops.aten
 UNARY = {
     aten.neg: Op.NEG,
     aten.abs: Op.ABS,
+    aten.sign: Op.SIGN,
+    aten.floor: Op.FLOOR,
     aten.exp: Op.EXP,
     aten.log: Op.LOG,
     aten.tanh: Op.TANH,
@@ -237,3 +239,33 @@ def lower_copy(ctx: LowerCtx, dst: Value, src: Value, non_blocking: bool = False
 def lower_fill(ctx: LowerCtx, x: Value, value) -> Value:
     out = ctx.out_type()
     return ctx.full(value, out.shape, out.dtype)
+
+
+@register_lowering(aten.isnan.default)
+def lower_isnan(ctx: LowerCtx, x: Value) -> Value:
+    return ctx.op(Op.NE, x, x)
+
+
+@register_lowering(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def lower_div_mode(ctx: LowerCtx, a, b, rounding_mode: str | None = None) -> Value:
+    out = ctx.out_type()
+    if rounding_mode is None:
+        return ctx.op(Op.DIV, ctx.tensor(a, out.dtype, out.shape), ctx.tensor(b, out.dtype, out.shape))
+    if rounding_mode not in ("trunc", "floor"):
+        raise ctx.unsupported(f"rounding_mode={rounding_mode!r} (allowed: None, 'trunc', 'floor')")
+    a, b = ctx.tensor(a, out.dtype, out.shape), ctx.tensor(b, out.dtype, out.shape)
+    zero = ctx.full(0, out.shape, out.dtype)
+    if out.dtype.is_int:
+        # Integer div truncates; floor steps down where the remainder's sign differs from b's.
+        q = ctx.op(Op.DIV, a, b)
+        if rounding_mode == "trunc":
+            return q
+        r = ctx.op(Op.SUB, a, ctx.op(Op.MUL, q, b))
+        differs = ctx.op(Op.NE, ctx.op(Op.LT, r, zero), ctx.op(Op.LT, b, zero))
+        step = ctx.op(Op.AND, ctx.op(Op.NE, r, zero), differs)
+        return ctx.op(Op.SUB, q, ctx.cast(step, out.dtype))
+    q = ctx.op(Op.DIV, a, b)
+    if rounding_mode == "floor":
+        return ctx.op(Op.FLOOR, q)
+    neg = ctx.op(Op.LT, q, zero)
+    return ctx.op(Op.WHERE, neg, ctx.op(Op.NEG, ctx.op(Op.FLOOR, ctx.op(Op.NEG, q))), ctx.op(Op.FLOOR, q))

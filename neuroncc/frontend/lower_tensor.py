@@ -189,6 +189,24 @@ def lower_amin(ctx: LowerCtx, x: Value, dims=(), keepdim: bool = False) -> Value
     return reduce(ctx, Op.REDUCE_MIN, x, dims, keepdim)
 
 
+def _any_all(ctx: LowerCtx, op: Op, x: Value, dims, keepdim: bool) -> Value:
+    truthy = ctx.cast(ctx.cast(x, DType.BOOL), DType.F32)
+    r = reduce(ctx, op, truthy, dims, keepdim)
+    return ctx.op(Op.GT, r, ctx.full(0, r.type.shape, DType.F32))
+
+
+@register_lowering(aten.any.dim, aten.any.dims, aten.any.default)
+def lower_any(ctx: LowerCtx, x: Value, dims=None, keepdim: bool = False) -> Value:
+    dims = [dims] if isinstance(dims, int) else dims
+    return _any_all(ctx, Op.REDUCE_MAX, x, dims, keepdim)
+
+
+@register_lowering(aten.all.dim, aten.all.dims, aten.all.default)
+def lower_all(ctx: LowerCtx, x: Value, dims=None, keepdim: bool = False) -> Value:
+    dims = [dims] if isinstance(dims, int) else dims
+    return _any_all(ctx, Op.REDUCE_MIN, x, dims, keepdim)
+
+
 def _arg_reduce(ctx: LowerCtx, op: Op, x: Value, dim, keepdim: bool) -> tuple[Value, Value]:
     """(values, first index) of max/min along dim: compare with the extreme, take the least
     matching index."""

@@ -71,6 +71,8 @@ UNARY: dict = {
     for name, fn in {
         "neg": np.negative,
         "abs": np.abs,
+        "sign": np.sign,
+        "floor": np.floor,
         "exp": np.exp,
         "log": np.log,
         "tanh": np.tanh,

@@ -52,6 +52,8 @@ class Op(enum.Enum):
     # unary elementwise: ScalarE activation functions
     NEG = "neg"
     ABS = "abs"
+    SIGN = "sign"
+    FLOOR = "floor"
     EXP = "exp"
     LOG = "log"
     TANH = "tanh"
@@ -122,6 +124,8 @@ def _compare() -> OpInfo:
 OP_TABLE: dict[Op, OpInfo] = {
     Op.NEG: _unary(),
     Op.ABS: _unary(),
+    Op.SIGN: _unary(),
+    Op.FLOOR: _unary(),
     Op.EXP: _unary(),
     Op.LOG: _unary(),
     Op.TANH: _unary(),

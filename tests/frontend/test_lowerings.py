@@ -1,0 +1,131 @@
+"""Every lowering against PyTorch eager, through torch.compile(backend="neuron"), forward and
+(where the op is differentiable) backward: gradients come from the compiled backward graph."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import neuroncc
+
+T = torch.Tensor
+
+
+def f32(*shape, lo=None):
+    def make():
+        x = torch.randn(*shape)
+        return x.abs() + lo if lo is not None else x
+
+    return make
+
+
+def ints(high, *shape):
+    return lambda: torch.randint(0, high, shape)
+
+
+def boolean(*shape):
+    return lambda: torch.rand(*shape) > 0.5
+
+
+def rms_norm(x: T, w: T) -> T:
+    # As written in HF Llama (LlamaRMSNorm.forward).
+    dtype = x.dtype
+    x = x.to(torch.float32)
+    var = x.pow(2).mean(-1, keepdim=True)
+    x = x * torch.rsqrt(var + 1e-6)
+    return w * x.to(dtype)
+
+
+CASES = {
+    # name: (fn, input makers, differentiable); "views": differentiable, but AOTAutograd
+    # replays the views of the inputs eagerly in the backward, so no backward graph is compiled.
+    "add_sub_mul_div": (lambda a, b: (a + b, a - 2 * b, a * b, a / (b.abs() + 1)), [f32(3, 4), f32(3, 4)], True),
+    "broadcast_binary": (lambda a, b: a * b + a - b, [f32(5, 1, 4), f32(3, 1)], True),
+    "scalar_ops": (lambda a: (a + 1.5, 2 - a, a * 3, a / 4, a**2, 2**a), [f32(6)], True),
+    "alpha": (lambda a, b: (torch.add(a, b, alpha=3), torch.sub(a, b, alpha=0.5)), [f32(4), f32(4)], True),
+    "max_min": (lambda a, b: (torch.maximum(a, b), torch.minimum(a, b), a.clamp(-0.5, 0.5)), [f32(8), f32(8)], True),
+    "comparisons": (lambda a, b: (a < b, a <= b, a > 0, a >= b, a == a, a != b), [f32(3, 5), f32(3, 5)], False),
+    "logical": (lambda a, b: (a & b, a | b, ~a, torch.logical_not(a)), [boolean(4, 4), boolean(4, 4)], False),
+    "where": (lambda c, a, b: torch.where(c, a, b) + torch.where(c, a, 0.0), [boolean(4, 6), f32(4, 6), f32(1, 6)], True),
+    "masked_fill": (lambda a, m: a.masked_fill(m, float("-inf")).softmax(-1), [f32(3, 7), boolean(3, 7)], False),
+    "relu": (torch.relu, [f32(4, 9)], True),
+    "gelu": (F.gelu, [f32(4, 9)], True),
+    "gelu_tanh": (lambda x: F.gelu(x, approximate="tanh"), [f32(4, 9)], True),
+    "silu": (F.silu, [f32(4, 9)], True),
+    "tanh_sigmoid": (lambda x: (torch.tanh(x), torch.sigmoid(x)), [f32(4, 9)], True),
+    "exp_log_rsqrt": (lambda x: (torch.exp(x), torch.log(x), torch.rsqrt(x), torch.sqrt(x)), [f32(10, lo=0.1)], True),
+    "abs_neg_recip": (lambda x: (x.abs(), -x, torch.reciprocal(x)), [f32(10, lo=0.5)], True),
+    "sin_cos_erf": (lambda x: (torch.sin(x), torch.cos(x), torch.erf(x)), [f32(10)], True),
+    "casts": (lambda x: (x.to(torch.bfloat16), x.to(torch.float16), x.int(), (x > 0).float()), [f32(4, 4)], False),
+    "int_math": (lambda a, b: (a + b, a * 3, a - b, a // 7, (-a) // 7, a / 3), [ints(100, 5), ints(100, 5)], False),
+    "float_div_modes": (lambda a: (a // 0.3, torch.div(a, 0.3, rounding_mode="trunc"), torch.floor(a)), [f32(9)], False),
+    "any_all_isnan": (lambda a: ((a > 0).any(-1), (a > -3).all(), a.isnan()), [f32(3, 4)], False),
+    "linear": (F.linear, [f32(4, 16), f32(8, 16), f32(8)], True),
+    "mm_bmm": (lambda a, b, c: (a @ b, torch.bmm(c, c.transpose(1, 2))), [f32(5, 7), f32(7, 3), f32(2, 4, 6)], True),
+    "matmul_4d": (lambda a, b: a @ b, [f32(2, 3, 4, 5), f32(2, 3, 5, 6)], True),
+    "addmm_scaled": (lambda b, x, w: torch.addmm(b, x, w, beta=0.5, alpha=2.0), [f32(6), f32(3, 4), f32(4, 6)], True),
+    "views": (lambda x: (x.view(6, 4), x.reshape(-1), x.unsqueeze(1).squeeze(1), x.flatten(1)), [f32(2, 3, 4)], "views"),
+    "permute_transpose": (lambda x: (x.permute(2, 0, 1), x.transpose(0, 2), x.mT), [f32(2, 3, 4)], "views"),
+    "expand": (lambda x: x.expand(3, 4, 5) * 1.0, [f32(4, 1)], True),
+    "slice_select": (lambda x: (x[1:3], x[:, ::2], x[..., -2:], x[1], x[:, 2, 1:]), [f32(4, 5, 6)], "views"),
+    "cat_split": (lambda a, b: (torch.cat([a, b], 1), *a.split(2, dim=1), *torch.split(b, [1, 2], 1)), [f32(3, 4), f32(3, 3)], True),
+    "chunk_unbind": (lambda a: (*a.chunk(2, -1), *a.unbind(0)), [f32(3, 4)], True),
+    "sum_mean": (lambda x: (x.sum(), x.sum(0), x.sum((0, 2), keepdim=True), x.mean(-1), x.mean((1,))), [f32(3, 4, 5)], True),
+    "amax_amin": (lambda x: (x.amax(-1), x.amin(0, keepdim=True), x.max(), x.min()), [f32(4, 7)], True),
+    "max_dim_argmax": (lambda x: (*x.max(-1), *x.min(0), x.argmax(), x.argmax(1)), [f32(5, 6)], False),
+    "softmax": (lambda x: (x.softmax(-1), x.softmax(0), F.log_softmax(x, -1)), [f32(3, 8)], True),
+    "layer_norm": (lambda x, w, b: F.layer_norm(x, (8,), w, b), [f32(2, 3, 8), f32(8), f32(8)], True),
+    "layer_norm_2d": (lambda x: F.layer_norm(x, (3, 8)), [f32(2, 3, 8)], True),
+    "rms_norm_llama": (rms_norm, [f32(2, 5, 16), f32(16)], True),
+    "embedding": (lambda w, i: F.embedding(i, w), [f32(20, 8), ints(20, 3, 5)], True),
+    "cross_entropy": (lambda x, t: F.cross_entropy(x, t), [f32(6, 11), ints(11, 6)], True),
+    "cross_entropy_sum": (lambda x, t: F.cross_entropy(x, t, reduction="sum"), [f32(6, 11), ints(11, 6)], True),
+    "nll_loss": (lambda x, t: F.nll_loss(F.log_softmax(x, -1), t), [f32(5, 9), ints(9, 5)], True),
+    "gather": (lambda x, i: torch.gather(x, 1, i), [f32(4, 6), ints(6, 4, 3)], True),
+    "index_select": (lambda x, i: torch.index_select(x, 1, i), [f32(4, 6), ints(6, 5)], True),
+    "scatter_value": (lambda x, i: x.scatter(1, i, 2.5), [f32(4, 6), ints(6, 4, 1)], False),
+    "scatter_add": (lambda x, i, s: x.scatter_add(1, i, s), [f32(4, 6), ints(6, 4, 3), f32(4, 3)], True),
+    "constants": (lambda x: (torch.zeros_like(x), torch.ones(3) + x.sum(), torch.full((2, 2), 7.0), x.new_zeros(4)), [f32(3)], False),
+    "arange": (lambda x: (torch.arange(5), torch.arange(2, 11, 3), torch.arange(x.shape[0], dtype=torch.float32) * x), [f32(6)], False),
+    "tril_mask": (lambda x: torch.ones(5, 5, dtype=torch.bool).tril() & (x > 0), [f32(5, 5)], False),
+    "attention": (
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        [f32(2, 2, 8, 4), f32(2, 2, 8, 4), f32(2, 2, 8, 4)],
+        True,
+    ),
+}
+
+TOL = {"rtol": 1e-4, "atol": 1e-5}
+
+
+def _flat(out):
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_lowering_matches_eager(name, fresh):
+    fn, makers, differentiable = CASES[name]
+    torch.manual_seed(hash(name) % 2**31)
+    inputs = [m() for m in makers]
+    if differentiable:
+        inputs = [x.requires_grad_() if x.is_floating_point() else x for x in inputs]
+    expected = _flat(fn(*inputs))
+    compiled = torch.compile(fn, backend="neuron", fullgraph=True, dynamic=False)
+    got = _flat(compiled(*inputs))
+    assert neuroncc.stats()["compiles"] >= 1
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, **TOL, equal_nan=True)
+    if not differentiable:
+        return
+    leaves = [x for x in inputs if x.requires_grad]
+    weights = [torch.randn_like(e) for e in expected if e.is_floating_point()]
+    loss_e = sum((e * w).sum() for e, w in zip([e for e in expected if e.is_floating_point()], weights))
+    want = torch.autograd.grad(loss_e, leaves, allow_unused=True)
+    loss_g = sum((g * w).sum() for g, w in zip([g for g in got if g.is_floating_point()], weights))
+    compiles = neuroncc.stats()["compiles"]
+    have = torch.autograd.grad(loss_g, leaves, allow_unused=True)
+    if differentiable != "views":
+        assert neuroncc.stats()["compiles"] > compiles, "the backward graph was not compiled"
+    for h, w in zip(have, want, strict=True):
+        if w is None:
+            continue
+        torch.testing.assert_close(h, w, **TOL)
