@@ -1,0 +1,220 @@
+"""End to end: small models through torch.compile(backend="neuron"), compared with eager."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import neuroncc
+from neuroncc.codegen.program import Executable
+from neuroncc.examples import GPTConfig, TinyGPT, example_batch
+from neuroncc.runtime import executor
+from neuroncc.runtime.cache import GRAPH_CACHE
+
+TOL = {"rtol": 1e-4, "atol": 1e-5}
+SMALL = GPTConfig(vocab=64, seq=8, dim=32, heads=4, layers=1)
+
+
+def _grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_mlp_forward_and_backward(fresh):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 5))
+    x = torch.randn(16, 20)
+    expected = model(x)
+    expected.square().mean().backward()
+    want = _grads(model)
+    model.zero_grad()
+    got = torch.compile(model, backend="neuron")(x)
+    torch.testing.assert_close(got, expected, **TOL)
+    got.square().mean().backward()
+    for name, g in _grads(model).items():
+        torch.testing.assert_close(g, want[name], **TOL, msg=name)
+    s = neuroncc.stats()
+    assert s["compiles"] == 2 and s["executions"] == 2 and s["instructions"] > 0
+    assert s["device_seconds"] > 0 and s["hbm_bytes"] > 0
+
+
+def test_transformer_block_forward_and_backward(fresh):
+    """Attention + MLP + LayerNorm, embeddings and cross-entropy: logits, loss and all grads."""
+    torch.manual_seed(0)
+    model = TinyGPT(SMALL)
+    idx, targets = example_batch(SMALL)
+    ref_logits, ref_loss = model(idx, targets)
+    ref_loss.backward()
+    want = _grads(model)
+    model.zero_grad()
+    logits, loss = torch.compile(model, backend="neuron")(idx, targets)
+    torch.testing.assert_close(logits, ref_logits, **TOL)
+    torch.testing.assert_close(loss, ref_loss, **TOL)
+    loss.backward()
+    for name, g in _grads(model).items():
+        torch.testing.assert_close(g, want[name], **TOL, msg=name)
+
+
+def test_five_sgd_steps_match_eager(fresh):
+    torch.manual_seed(0)
+    eager = TinyGPT(SMALL)
+    compiled_model = TinyGPT(SMALL)
+    compiled_model.load_state_dict(eager.state_dict())
+    compiled = torch.compile(compiled_model, backend="neuron")
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.5)
+    opt_c = torch.optim.SGD(compiled_model.parameters(), lr=0.5)
+    losses_e, losses_c = [], []
+    for step in range(5):
+        idx, targets = example_batch(SMALL, seed=step)
+        for model, opt, losses in ((eager, opt_e, losses_e), (compiled, opt_c, losses_c)):
+            opt.zero_grad()
+            _, loss = model(idx, targets)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    assert losses_e[-1] < losses_e[0]  # it is really training
+    assert losses_c == pytest.approx(losses_e, rel=1e-4)
+    for (n, pe), pc in zip(eager.named_parameters(), compiled_model.parameters(), strict=True):
+        torch.testing.assert_close(pc, pe, rtol=1e-3, atol=1e-5, msg=n)
+    assert neuroncc.stats()["compiles"] == 2  # one forward, one backward graph for all steps
+
+
+def test_same_shapes_never_compile_twice(fresh):
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    f = torch.compile(lin, backend="neuron")
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(f(x), lin(x), **TOL)
+    s = neuroncc.stats()
+    assert (s["dynamo_graphs"], s["compiles"], s["executions"]) == (1, 1, 3)
+
+
+def _block_a(x, w):
+    return torch.tanh(x @ w) * 2
+
+
+def _block_b(x, w):  # another function, so Dynamo traces it anew; the same graph for neuroncc
+    return torch.tanh(x @ w) * 2
+
+
+def test_identical_graphs_share_one_compile(fresh):
+    x, w1, w2 = torch.randn(4, 8), torch.randn(8, 8), torch.randn(8, 8)
+    torch.testing.assert_close(torch.compile(_block_a, backend="neuron")(x, w1), _block_a(x, w1), **TOL)
+    torch.testing.assert_close(torch.compile(_block_b, backend="neuron")(x, w2), _block_b(x, w2), **TOL)
+    s = neuroncc.stats()
+    assert (s["dynamo_graphs"], s["compiles"], s["cache_hits_memory"]) == (2, 1, 1)
+
+
+def test_options_and_environment(fresh, monkeypatch):
+    x = torch.randn(3, 3)
+    with pytest.raises(Exception, match=r"unknown neuroncc option\(s\) \['tile'\]; allowed: target, opt_level"):
+        torch.compile(torch.sin, backend="neuron", options={"tile": 4})(x)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="option target='trn9': Input should be 'trn1', 'trn2' or 'trn3'"):
+        torch.compile(torch.cos, backend="neuron", options={"target": "trn9"})(x)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="auto_cast='matmul' .* is not implemented yet"):
+        torch.compile(torch.tan, backend="neuron", options={"auto_cast": "matmul"})(x)
+    torch._dynamo.reset()
+    monkeypatch.setenv("NEURONCC_TARGET", "trn1")
+    monkeypatch.setenv("NEURONCC_OPT_LEVEL", "0")
+    torch.testing.assert_close(torch.compile(torch.exp, backend="neuron")(x), torch.exp(x))
+    torch._dynamo.reset()
+    torch.compile(torch.exp, backend="neuron", options={"target": "trn3"})(x)
+    targets = sorted(c.exe.target for c in GRAPH_CACHE._items.values())
+    assert targets == ["trn1", "trn3"]  # environment read, explicit option wins
+
+
+def test_mode_strings_are_tolerated(fresh):
+    with pytest.warns(UserWarning, match="ignores torch.compile mode='reduce-overhead'"):
+        torch.compile(torch.sin, backend="neuron", mode="reduce-overhead")(torch.ones(2))
+
+
+def test_unsupported_op_names_the_op(fresh):
+    with pytest.raises(Exception, match=r"no lowering for ATen op aten\.topk\.default"):
+        torch.compile(lambda x: torch.topk(x, 2).values, backend="neuron")(torch.randn(5))
+
+
+class _RecordAten(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_compiled_path_computes_nothing_with_aten(fresh, monkeypatch):
+    """Results come from the simulator: while an executable runs, the only ATen calls are the
+    ones that hand tensors' memory to numpy and back."""
+    recorder = _RecordAten()
+    run = executor.CompiledExecutable.run
+
+    def recorded_run(self, args):
+        with recorder:
+            return run(self, args)
+
+    monkeypatch.setattr(executor.CompiledExecutable, "run", recorded_run)
+    torch.manual_seed(0)
+    model = TinyGPT(SMALL)
+    idx, targets = example_batch(SMALL)
+    _, loss = torch.compile(model, backend="neuron")(idx, targets)
+    loss.backward()
+    assert neuroncc.stats()["executions"] == 2
+    # detach/contiguous/view: torch -> numpy; lift_fresh: torch.from_numpy wrapping the result.
+    assert recorder.ops <= {"detach", "contiguous", "clone", "view", "alias", "lift_fresh"}, recorder.ops
+
+
+def test_dump_dir_writes_every_stage(fresh, tmp_path):
+    f = torch.compile(lambda x: F.gelu(x @ x.T).sum(-1), backend="neuron", options={"dump_dir": str(tmp_path)})
+    f(torch.randn(4, 4))
+    (folder,) = tmp_path.iterdir()
+    names = sorted(p.name for p in folder.iterdir())
+    assert names == ["00-fx.txt", "01-nir.txt", "02-simplify.txt", "03-program.txt", "program.json"]
+    assert "gelu" in (folder / "01-nir.txt").read_text()
+    exe = Executable.from_json((folder / "program.json").read_text())
+    assert exe.target == "trn2" and json.loads(exe.to_json())["version"] == 1
+
+
+def test_bf16_model_runs(fresh):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8)).to(torch.bfloat16)
+    x = torch.randn(4, 16, dtype=torch.bfloat16)
+    with torch.no_grad():
+        got = torch.compile(model, backend="neuron")(x)
+        want = model(x)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+
+def _python(code: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args, code] if code else [sys.executable, *args], capture_output=True, text=True, timeout=300)
+
+
+def test_backend_entry_point_works_without_importing_neuroncc():
+    code = (
+        "import sys, torch\n"
+        "assert 'neuroncc' not in sys.modules\n"
+        "f = torch.compile(lambda x: torch.relu(x) * 2 + 1, backend='neuron')\n"
+        "print(f(torch.tensor([-1.0, 0.5])).tolist(), 'neuroncc' in sys.modules)\n"
+    )
+    res = _python(code, "-c")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[1.0, 2.0] True"
+
+
+def test_main_job():
+    res = subprocess.run(
+        [sys.executable, "-m", "neuroncc", "--layers", "1", "--seq", "16"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "-> MATCH" in res.stdout
+    assert "forward: simulated device time" in res.stdout and "TensorE" in res.stdout
