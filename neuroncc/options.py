@@ -28,10 +28,6 @@ ENV_VARS = {
 # them is an error rather than a silent no-op.
 NOT_YET = {
     ("auto_cast", "matmul"): "auto_cast='matmul' (bf16 matmuls) is not implemented yet",
-    ("fallback", True): (
-        "fallback=True (running unsupported regions eagerly) is not implemented yet; "
-        "unsupported ops raise UnsupportedError"
-    ),
 }
 
 
@@ -41,7 +37,7 @@ class CompileOptions(BaseModel):
     target: Literal["trn1", "trn2", "trn3"] = "trn2"
     opt_level: Literal[0, 1, 2] = 2
     auto_cast: Literal["matmul"] | None = None
-    fallback: bool = False
+    fallback: bool = True
     dump_dir: str | None = None
     cache_dir: str | None = None
 

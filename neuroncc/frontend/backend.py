@@ -7,12 +7,15 @@ callable that runs the executable on the simulator. Options and environment are 
 
 from __future__ import annotations
 
+import copy
 import functools
+import operator
 import warnings
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import torch
 from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
@@ -22,7 +25,9 @@ from neuroncc.codegen.lower import emit_graph
 from neuroncc.codegen.targets import get_target
 from neuroncc.frontend.decompositions import DECOMPOSITIONS
 from neuroncc.frontend.dump import dump_graph
+from neuroncc.errors import NeuronccError, UnsupportedError
 from neuroncc.frontend.fx_import import import_fx
+from neuroncc.frontend.partition import find_declined, report_fallback, split_graph
 from neuroncc.ir.printer import print_graph
 from neuroncc.ir.verify import verify
 from neuroncc.options import CompileOptions
@@ -35,20 +40,40 @@ from neuroncc.runtime.stats import STATS
 
 
 class GraphRunner:
-    """Runs one compiled ATen graph; handed to AOTAutograd wrapped by make_boxed_func."""
+    """Runs one compiled ATen graph: binds arguments and constants, returns the FX outputs."""
 
     def __init__(self, compiled: CompiledExecutable, sources: list, slots: list[int | None]) -> None:
         self.compiled, self.sources, self.slots = compiled, sources, slots
 
     def __call__(self, *args: Any) -> list[torch.Tensor | None]:
-        inputs = [args[s] if kind == "arg" else s for kind, s in self.sources]
+        inputs = [self._bind(kind, s, args) for kind, s in self.sources]
         outs = self.compiled.run(inputs)
         return [None if s is None else outs[s] for s in self.slots]
 
 
-def compile_aten_graph(
-    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, opts: CompileOptions, name: str
-):
+    @staticmethod
+    def _bind(kind: str, source: Any, args: Sequence[Any]) -> Any:
+        if kind == "arg":
+            return args[source]
+        if kind == "scalar":
+            return np.asarray(args[source].item(), dtype=np.float32)
+        return source  # a constant tensor of the graph module
+
+
+class RegionModule(torch.nn.Module):
+    """A compiled region inside a graph that also runs some nodes eagerly."""
+
+    def __init__(self, run: Any, returns_tuple: bool) -> None:
+        super().__init__()
+        self.run, self.returns_tuple = run, returns_tuple
+
+    def forward(self, *args: Any) -> Any:
+        outs = self.run(*args)
+        return tuple(outs) if self.returns_tuple else outs[0]
+
+
+def compile_region(gm: torch.fx.GraphModule, opts: CompileOptions, name: str) -> GraphRunner:
+    """fx -> nir -> passes -> program for a graph neuroncc supports entirely."""
     imported = import_fx(gm, name)
     g = verify(imported.graph)
     target = get_target(opts.target)
@@ -63,19 +88,122 @@ def compile_aten_graph(
 
     compiled, hit = GRAPH_CACHE.get_or_build(key, build)
     STATS.add("cache_hits_memory" if hit else "compiles")
-    return make_boxed_func(GraphRunner(compiled, imported.input_sources, imported.output_slots))
+    return GraphRunner(compiled, imported.input_sources, imported.output_slots)
 
 
-def neuron_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None, mode: str | None = None):
-    opts = CompileOptions.from_user(options)
-    if mode not in (None, "default"):
+def _compile_or_eager(gm: torch.fx.GraphModule, opts: CompileOptions, name: str) -> Any:
+    """compile_region, or with fallback on, the graph itself run eagerly if compiling fails."""
+    try:
+        return compile_region(gm, opts, name)
+    except NeuronccError as e:
+        if not opts.fallback:
+            raise
         warnings.warn(
-            f"neuroncc ignores torch.compile mode={mode!r} (it has one mode)", stacklevel=2
+            f"neuroncc could not compile graph {name} (stage {e.stage}): {e}; "
+            "running it eagerly in PyTorch",
+            stacklevel=2,
         )
-    STATS.add("dynamo_graphs")
-    n = STATS.snapshot()["dynamo_graphs"]
+        STATS.add_fallback(f"graph:{e.stage}")
+        return lambda *args: list(_as_list(gm(*args)))
+
+
+def _as_list(out: Any) -> list:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def compile_aten_graph(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, opts: CompileOptions, name: str
+):
+    """The AOTAutograd compiler: the whole graph compiled, or compiled regions around the nodes
+    neuroncc declines (which then run eagerly, see partition.py)."""
+    declined = find_declined(gm)
+    if not declined:
+        return make_boxed_func(_compile_or_eager(gm, opts, name))
+    if not opts.fallback:
+        ops = sorted({str(n.target) for n in declined if n.target is not operator.getitem})
+        first = next(iter(declined.values()))
+        raise UnsupportedError(f"graph {name} uses ops neuroncc cannot compile: {ops} ({first}); "
+                               "fallback=True runs them eagerly", op=ops[0] if ops else None)
+    report_fallback(declined)
+    split = split_graph(gm, declined)
+    for node in split.graph.nodes:
+        if node.op == "call_module":
+            sub = getattr(split, node.target)
+            returns_tuple = isinstance(sub.graph.output_node().args[0], (tuple, list))
+            run = _compile_or_eager(sub, opts, f"{name}.{node.target}")
+            setattr(split, node.target, RegionModule(run, returns_tuple))
+    split.recompile()
+    return make_boxed_func(split.forward)
+
+
+def _is_symbolic(example_inputs: Sequence[Any]) -> bool:
+    for x in example_inputs:
+        if isinstance(x, torch.SymInt):
+            return True
+        if isinstance(x, torch.Tensor) and any(not isinstance(d, int) for d in x.shape):
+            return True
+    return False
+
+
+class ShapeSpecializer:
+    """Dynamo handed over symbolic sizes; neuroncc compiles static shapes. Each call's concrete
+    signature (shapes, dtypes, requires_grad, int arguments, grad mode) gets its own
+    AOTAutograd trace and neuroncc compile, made on first use and kept: a new shape costs one
+    neuroncc compile and no Dynamo recompile, a seen shape costs nothing.
+
+    With dynamic=True Dynamo also passes Python floats as 0-d tensors read with `.item()`; those
+    reads are specialised to the value (which then joins the signature), as static shapes need."""
+
+    def __init__(self, gm: torch.fx.GraphModule, opts: CompileOptions, name: str) -> None:
+        self.gm, self.opts, self.name = gm, opts, name
+        self.variants: dict[tuple, Any] = {}
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self.scalar_reads = {
+            i: [u.name for u in ph.users if u.op == "call_method" and u.target == "item"]
+            for i, ph in enumerate(placeholders)
+        }
+        self.scalar_reads = {i: names for i, names in self.scalar_reads.items() if names}
+
+    def signature(self, args: Sequence[Any]) -> tuple:
+        sig: list[Any] = []
+        for i, a in enumerate(args):
+            if i in self.scalar_reads:
+                sig.append(("item", a.item()))
+            elif isinstance(a, torch.Tensor):
+                sig.append((tuple(a.shape), a.dtype, a.requires_grad))
+            else:
+                sig.append(("value", a))
+        return (*sig, torch.is_grad_enabled())
+
+    def _specialised(self, args: Sequence[Any]) -> torch.fx.GraphModule:
+        if not self.scalar_reads:
+            return self.gm
+        gm = torch.fx.GraphModule(self.gm, copy.deepcopy(self.gm.graph))
+        nodes = {n.name: n for n in gm.graph.nodes}
+        for i, names in self.scalar_reads.items():
+            value = args[i].item()
+            for name in names:
+                node = nodes[name]
+                for user in list(node.users):
+                    user.args = torch.fx.node.map_arg(user.args, lambda a, n=node, v=value: v if a is n else a)
+                    user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda a, n=node, v=value: v if a is n else a)
+                gm.graph.erase_node(node)
+        gm.recompile()
+        return gm
+
+    def __call__(self, *args: Any) -> Any:
+        key = self.signature(args)
+        fn = self.variants.get(key)
+        if fn is None:
+            name = f"{self.name}_v{len(self.variants)}"
+            fn = _aot(self._specialised(args), list(args), self.opts, name)
+            self.variants[key] = fn
+        return fn(*args)
+
+
+def _aot(gm: torch.fx.GraphModule, example_inputs: list, opts: CompileOptions, name: str):
     compilers = {
-        kind: functools.partial(compile_aten_graph, opts=opts, name=f"graph{n}_{kind}")
+        kind: functools.partial(compile_aten_graph, opts=opts, name=f"{name}_{kind}")
         for kind in ("forward", "backward", "inference")
     }
     backend = aot_autograd(
@@ -85,3 +213,16 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict
         decompositions=DECOMPOSITIONS,
     )
     return backend(gm, example_inputs)
+
+
+def neuron_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None, mode: str | None = None):
+    opts = CompileOptions.from_user(options)
+    if mode not in (None, "default"):
+        warnings.warn(
+            f"neuroncc ignores torch.compile mode={mode!r} (it has one mode)", stacklevel=2
+        )
+    STATS.add("dynamo_graphs")
+    name = f"graph{STATS.snapshot()['dynamo_graphs']}"
+    if _is_symbolic(example_inputs):
+        return ShapeSpecializer(gm, opts, name)
+    return _aot(gm, example_inputs, opts, name)

@@ -22,6 +22,7 @@ from neuroncc.errors import UnsupportedError
 from neuroncc.frontend import lower_index, lower_pointwise, lower_tensor  # noqa: F401 (register)
 from neuroncc.frontend.registry import LOWERINGS, LowerCtx, fake_type
 from neuroncc.ir.graph import Graph, GraphBuilder, Value
+from neuroncc.ir.types import DType, TensorType
 
 
 class LoweringError(UnsupportedError):
@@ -31,7 +32,9 @@ class LoweringError(UnsupportedError):
 @dataclass
 class ImportedGraph:
     graph: Graph
-    # Per IR input: ("arg", i) for the i-th runtime argument, or ("const", tensor).
+    # Per IR input: ("arg", i) for the i-th runtime argument, ("scalar", i) for a 0-d float64
+    # argument passed as fp32, or ("const", tensor). Integer arguments are specialised (the
+    # graph is compiled per concrete value) and are not inputs.
     input_sources: list[tuple[str, Any]]
     # Per FX output: index into graph.outputs, or None where the FX graph returns None.
     output_slots: list[int | None]
@@ -53,7 +56,8 @@ def _check_type(v: Value, expected: Any, node: torch.fx.Node) -> None:
         raise LoweringError(f"lowering of {node.format_node()} produced {v.type}, expected {want}")
 
 
-def _lower_call(ctx: LowerCtx, node: torch.fx.Node, env: dict) -> Any:
+def lower_call(ctx: LowerCtx, node: torch.fx.Node, env: dict) -> Any:
+    """Lower one call_function node with its rule; check the result against the node's metadata."""
     rule = LOWERINGS.get(node.target)
     if rule is None:
         raise UnsupportedError(
@@ -81,8 +85,19 @@ def import_fx(gm: torch.fx.GraphModule, name: str = "main") -> ImportedGraph:
     arg_index = 0
     for node in gm.graph.nodes:
         if node.op == "placeholder":
-            env[node] = b.input(fake_type(node.meta.get("val")))
-            sources.append(("arg", arg_index))
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor) and val.dtype == torch.float64 and val.dim() == 0:
+                # A Python float Dynamo passes as a tensor (dynamic=True); PyTorch promotes
+                # such a wrapped scalar to the other operand's dtype, so fp32 holds it.
+                env[node] = b.input(TensorType((), DType.F32))
+                sources.append(("scalar", arg_index))
+            elif isinstance(val, torch.Tensor):
+                env[node] = b.input(fake_type(val))
+                sources.append(("arg", arg_index))
+            elif isinstance(val, int) or (val is None and not node.users):
+                env[node] = val  # a size argument, fixed for this specialisation
+            else:
+                raise UnsupportedError(f"graph input {node.name} is {val!r}, not a tensor or int")
             arg_index += 1
         elif node.op == "get_attr":
             const = getattr(gm, node.target)
@@ -93,7 +108,7 @@ def import_fx(gm: torch.fx.GraphModule, name: str = "main") -> ImportedGraph:
         elif node.op == "call_function" and node.target is operator.getitem:
             env[node] = env[node.args[0]][node.args[1]]
         elif node.op == "call_function":
-            env[node] = _lower_call(ctx, node, env)
+            env[node] = lower_call(ctx, node, env)
         elif node.op == "output":
             results = node.args[0]
             for out in results if isinstance(results, (list, tuple)) else [results]:

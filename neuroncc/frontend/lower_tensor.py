@@ -317,6 +317,7 @@ def lower_layer_norm(ctx: LowerCtx, x: Value, normalized_shape, weight, bias, ep
     aten.new_empty.default,
     aten.scalar_tensor.default,
     aten.empty_strided.default,
+    aten.empty_permuted.default,
 )
 def lower_full(ctx: LowerCtx, *args, **kwargs) -> Value:
     # Which argument holds the fill value depends on the op; `empty*` fill with 0 (any value
@@ -348,3 +349,55 @@ def lower_arange(ctx: LowerCtx, end, **kwargs) -> Value:
 @register_lowering(aten.arange.start, aten.arange.start_step)
 def lower_arange_start(ctx: LowerCtx, start, end, step=1, **kwargs) -> Value:
     return _iota(ctx, start, step)
+
+
+# -- scans and selection ----------------------------------------------------------------------
+
+
+@register_lowering(aten.cumsum.default)
+def lower_cumsum(ctx: LowerCtx, x: Value, dim: int, dtype=None) -> Value:
+    """Hillis-Steele scan: log2(n) shifted adds (exact for integers)."""
+    out = ctx.out_type()
+    y = ctx.cast(x, out.dtype)
+    if y.type.rank == 0:
+        return y
+    dim = norm_dim(dim, y.type.rank)
+    n = y.type.shape[dim]
+    k = 1
+    while k < n:
+        pad_shape = [k if d == dim else s for d, s in enumerate(y.type.shape)]
+        head = _slice(ctx, y, dim, 0, n - k, 1)
+        shifted = ctx.op(Op.CONCAT, ctx.full(0, pad_shape, out.dtype), head, axis=dim)
+        y = ctx.op(Op.ADD, y, shifted)
+        k *= 2
+    return y
+
+
+@register_lowering(aten.topk.default)
+def lower_topk(ctx: LowerCtx, x: Value, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):
+    """k rounds of: the extreme among positions not yet taken, and its first index."""
+    dim = norm_dim(dim, x.type.rank)
+    shape, n = x.type.shape, x.type.shape[dim]
+    dt = x.type.dtype
+    worst = float("-inf") if largest else float("inf")
+    if not dt.is_float:
+        info = torch.iinfo(dt.torch)
+        worst = info.min if largest else info.max
+    op = Op.REDUCE_MAX if largest else Op.REDUCE_MIN
+    iota_shape = [n if d == dim else 1 for d in range(len(shape))]
+    iota = ctx.broadcast_to(ctx.reshape(ctx.op(Op.IOTA, n=n, start=0, step=1, dtype=DType.I64), iota_shape), shape)
+    taken = ctx.full(0, shape, DType.BOOL)
+    values, indices = [], []
+    for _ in range(k):
+        cand = ctx.op(Op.WHERE, taken, ctx.full(worst, shape, dt), x)
+        ext = reduce(ctx, op, cand, [dim], True)
+        hit = ctx.op(Op.AND, ctx.op(Op.EQ, x, ctx.broadcast_to(ext, shape)), ctx.op(Op.NOT, taken))
+        idx = reduce(ctx, Op.REDUCE_MIN, ctx.op(Op.WHERE, hit, iota, ctx.full(n, shape, DType.I64)), [dim], True)
+        taken = ctx.op(Op.OR, taken, ctx.op(Op.EQ, iota, ctx.broadcast_to(idx, shape)))
+        values.append(ext)
+        indices.append(idx)
+    if k == 0:
+        empty = [0 if d == dim else s for d, s in enumerate(shape)]
+        return ctx.full(0, empty, dt), ctx.full(0, empty, DType.I64)
+    cat = (lambda vs: vs[0] if len(vs) == 1 else ctx.op(Op.CONCAT, *vs, axis=dim))
+    return cat(values), cat(indices)

@@ -21,7 +21,9 @@ from neuroncc.runtime.stats import STATS
 from neuroncc.runtime.timing import Profile, time_executable
 
 
-def to_numpy(t: torch.Tensor) -> np.ndarray:
+def to_numpy(t: torch.Tensor | np.ndarray) -> np.ndarray:
+    if isinstance(t, np.ndarray):
+        return t
     t = t.detach().contiguous().cpu()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)

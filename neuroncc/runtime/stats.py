@@ -25,6 +25,7 @@ _COUNTERS = (
 class Stats:
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._warned: set[str] = set()  # ops warned about; per process, survives reset()
         self.reset()
 
     def reset(self) -> None:
@@ -44,9 +45,13 @@ class Stats:
             for engine, ns in busy_ns.items():
                 self._engine_busy[engine] += ns * 1e-9
 
-    def add_fallback(self, op: str) -> None:
+    def add_fallback(self, op: str) -> bool:
+        """Count one node of `op` that runs eagerly; True the first time the process sees op."""
         with self._lock:
             self._fallback[op] += 1
+            first = op not in self._warned
+            self._warned.add(op)
+        return first
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:

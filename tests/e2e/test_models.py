@@ -136,9 +136,43 @@ def test_mode_strings_are_tolerated(fresh):
         torch.compile(torch.sin, backend="neuron", mode="reduce-overhead")(torch.ones(2))
 
 
-def test_unsupported_op_names_the_op(fresh):
-    with pytest.raises(Exception, match=r"no lowering for ATen op aten\.topk\.default"):
-        torch.compile(lambda x: torch.topk(x, 2).values, backend="neuron")(torch.randn(5))
+def _topk_between(x):
+    y = torch.sin(x) * 3
+    values, indices = torch.topk(y, 2)
+    return values.exp() + indices.float()
+
+
+def test_unsupported_op_runs_eagerly_between_compiled_regions(fresh):
+    x = torch.randn(4, 6)
+    with pytest.warns(UserWarning, match=r"neuroncc runs aten\.topk\.default eagerly in PyTorch: no lowering"):
+        got = torch.compile(_topk_between, backend="neuron")(x)
+    torch.testing.assert_close(got, _topk_between(x), **TOL)
+    s = neuroncc.stats()
+    assert s["fallback_nodes"] == {"aten.topk.default": 1}
+    assert s["compiles"] == 2 and s["executions"] == 2  # the regions before and after topk
+
+
+def test_fallback_off_names_the_op(fresh):
+    with pytest.raises(Exception, match=r"uses ops neuroncc cannot compile: \['aten\.topk\.default'\]"):
+        torch.compile(_topk_between, backend="neuron", options={"fallback": False})(torch.randn(5))
+
+
+def test_compiler_failure_falls_back_for_that_graph(fresh, monkeypatch):
+    from neuroncc.errors import CodegenError
+    from neuroncc.frontend import backend
+
+    def broken(g, target):
+        raise CodegenError("emitting %3 = exp %2 : f32[3]: injected failure")
+
+    monkeypatch.setattr(backend, "emit_graph", broken)
+    x = torch.randn(3)
+    with pytest.warns(UserWarning, match=r"could not compile graph .* \(stage program\): emitting %3 = exp"):
+        got = torch.compile(lambda x: torch.exp(x) + 1, backend="neuron")(x)
+    torch.testing.assert_close(got, torch.exp(x) + 1)
+    assert neuroncc.stats()["fallback_nodes"] == {"graph:program": 1}
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="injected failure"):
+        torch.compile(lambda x: torch.exp(x) * 2, backend="neuron", options={"fallback": False})(x)
 
 
 class _RecordAten(TorchDispatchMode):

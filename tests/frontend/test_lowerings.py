@@ -87,6 +87,10 @@ CASES = {
     "constants": (lambda x: (torch.zeros_like(x), torch.ones(3) + x.sum(), torch.full((2, 2), 7.0), x.new_zeros(4)), [f32(3)], False),
     "arange": (lambda x: (torch.arange(5), torch.arange(2, 11, 3), torch.arange(x.shape[0], dtype=torch.float32) * x), [f32(6)], False),
     "tril_mask": (lambda x: torch.ones(5, 5, dtype=torch.bool).tril() & (x > 0), [f32(5, 5)], False),
+    "cumsum": (lambda x, i: (x.cumsum(-1), i.cumsum(0), x.cumsum(0)), [f32(3, 37), ints(9, 5)], True),
+    "topk": (lambda x: (*torch.topk(x, 3), *torch.topk(x, 2, dim=0, largest=False)), [f32(4, 9)], True),
+    # Ties: the lowest index wins here; PyTorch leaves their order unspecified, so compare values.
+    "topk_ties": (lambda x: torch.topk(x.round(), 4)[0], [f32(3, 8)], False),
     "attention": (
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
         [f32(2, 2, 8, 4), f32(2, 2, 8, 4), f32(2, 2, 8, 4)],
