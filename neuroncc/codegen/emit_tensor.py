@@ -173,6 +173,19 @@ def emit_slice(ctx: EmitCtx, n: Node) -> None:
     copy_pattern(ctx, out, 0, contiguous_strides(shape), ctx.buf(x), offset, src_strides, shape, x.type.dtype)
 
 
+@register(Op.REVERSE)
+def emit_reverse(ctx: EmitCtx, n: Node) -> None:
+    # Read each reversed axis from its last element backwards: a negative DMA stride.
+    x = n.inputs[0]
+    shape = x.type.shape
+    strides = contiguous_strides(shape)
+    axes = set(n.attr("axes"))
+    offset = sum((shape[a] - 1) * strides[a] for a in axes if shape[a])
+    src_strides = [-s if d in axes else s for d, s in enumerate(strides)]
+    out = ctx.alloc(n.out)
+    copy_pattern(ctx, out, 0, strides, ctx.buf(x), offset, src_strides, shape, x.type.dtype)
+
+
 @register(Op.CONCAT)
 def emit_concat(ctx: EmitCtx, n: Node) -> None:
     axis = n.attr("axis")

@@ -133,22 +133,34 @@ def lower_scatter_add(ctx: LowerCtx, x: Value, dim: int, index: Value, src: Valu
 
 @register_lowering(aten.index_put.default)
 def lower_index_put(ctx: LowerCtx, x: Value, indices, values: Value, accumulate: bool = False) -> Value:
-    """x[..., idx, ...] = values (or +=) with one integer index tensor at position `dim`."""
-    present = [i for i, t in enumerate(indices) if t is not None]
-    if len(present) != 1 or indices[present[0]].type.dtype == DType.BOOL:
-        raise ctx.unsupported("index_put needs exactly one integer index tensor")
-    dim = present[0]
-    idx = indices[dim]
-    if dim and idx.type.rank != 1:
-        raise ctx.unsupported("index_put off dim 0 needs a 1-d index")
+    """x[i0, i1, ...] = values (or +=) with integer index tensors on consecutive axes: the axes
+    move to the front and linearise into one row index (as in lower_index)."""
+    present = [d for d, t in enumerate(indices) if t is not None]
+    if not present or any(indices[d].type.dtype == DType.BOOL for d in present):
+        raise ctx.unsupported("index_put with boolean masks has a data-dependent shape")
+    first, last = present[0], present[-1] + 1
+    if present != list(range(first, last)):
+        raise ctx.unsupported("index tensors separated by slices")
     if not x.type.dtype.is_float:
         raise ctx.unsupported(f"index_put into {x.type.dtype.value} (float tensors only)")
-    sel_shape = [*x.type.shape[:dim], *idx.type.shape, *x.type.shape[dim + 1 :]]
-    vals = ctx.tensor(values, DType.F32, sel_shape)
-    to_front = [dim] + [d for d in range(x.type.rank) if d != dim]
-    back = [to_front.index(d) for d in range(x.type.rank)]
-    result = _index_put_dim0(ctx, ctx.transpose(x, to_front), idx, ctx.transpose(vals, to_front), accumulate)
-    return ctx.transpose(result, back)
+    shape, rank = x.type.shape, x.type.rank
+    bshape = list(torch.broadcast_shapes(*(torch.Size(indices[d].type.shape) for d in present)))
+    flat = None
+    for d in present:
+        idx = ctx.cast(ctx.broadcast_to(_wrap_negative(ctx, indices[d], shape[d]), bshape), DType.I64)
+        flat = idx if flat is None else ctx.op(Op.ADD, ctx.op(Op.MUL, flat, ctx.full(shape[d], bshape, DType.I64)), idx)
+    before, after = list(shape[:first]), list(shape[last:])
+    # values broadcast to what x[indices] would be: [*before, *bshape, *after]
+    vals = ctx.tensor(values, DType.F32, [*before, *bshape, *after])
+    nb, ni = len(before), len(bshape)
+    vals = ctx.transpose(vals, list(range(nb, nb + ni)) + list(range(nb)) + list(range(nb + ni, nb + ni + len(after))))
+    perm = list(range(first, last)) + [d for d in range(rank) if not first <= d < last]
+    rows = math.prod(shape[first:last])
+    moved = ctx.transpose(x, perm)
+    table = ctx.reshape(moved, [rows, *before, *after])
+    result = _index_put_dim0(ctx, table, flat, vals, accumulate)
+    result = ctx.reshape(result, moved.type.shape)
+    return ctx.transpose(result, [perm.index(d) for d in range(rank)])
 
 
 def _index_put_dim0(ctx: LowerCtx, x: Value, idx: Value, vals: Value, accumulate: bool) -> Value:
@@ -156,11 +168,7 @@ def _index_put_dim0(ctx: LowerCtx, x: Value, idx: Value, vals: Value, accumulate
     row_shape = x.type.shape[1:]
     n = idx.type.numel
     vals = ctx.reshape(vals, [n, math.prod(row_shape)])
-    flat = ctx.reshape(idx, [n])
-    # Negative indices count from the end, as in x[idx].
-    negative = ctx.op(Op.LT, flat, ctx.full(0, [n], flat.type.dtype))
-    wrapped = ctx.op(Op.ADD, flat, ctx.full(rows, [n], flat.type.dtype))
-    hot = _one_hot(ctx, ctx.op(Op.WHERE, negative, wrapped, flat), rows)  # [n, rows]
+    hot = _one_hot(ctx, ctx.reshape(idx, [n]), rows)  # [n, rows]
     hot_t = ctx.transpose(ctx.cast(hot, DType.F32), [1, 0])  # [rows, n]
     contrib = ctx.reshape(ctx.cast(ctx.op(Op.MATMUL, hot_t, vals), x.type.dtype), x.type.shape)
     if accumulate:
@@ -168,3 +176,46 @@ def _index_put_dim0(ctx: LowerCtx, x: Value, idx: Value, vals: Value, accumulate
     hit = ctx.op(Op.GT, reduce(ctx, Op.REDUCE_SUM, hot_t, [1], False), ctx.full(0, [rows], DType.F32))
     hit = ctx.broadcast_to(ctx.reshape(hit, [rows] + [1] * len(row_shape)), x.type.shape)
     return ctx.op(Op.WHERE, hit, contrib, x)
+
+
+def _wrap_negative(ctx: LowerCtx, idx: Value, size: int) -> Value:
+    shape = idx.type.shape
+    negative = ctx.op(Op.LT, idx, ctx.full(0, shape, idx.type.dtype))
+    return ctx.op(Op.WHERE, negative, ctx.op(Op.ADD, idx, ctx.full(size, shape, idx.type.dtype)), idx)
+
+
+@register_lowering(aten.index.Tensor)
+def lower_index(ctx: LowerCtx, x: Value, indices) -> Value:
+    """x[i0, i1, ...] with integer index tensors on consecutive axes starting at `first`: the
+    indices are linearised over those axes and the rows taken with one gather."""
+    present = [d for d, t in enumerate(indices) if t is not None]
+    if not present or any(indices[d].type.dtype == DType.BOOL for d in present):
+        raise ctx.unsupported("indexing with boolean masks has a data-dependent shape")
+    first, last = present[0], present[-1] + 1
+    if present != list(range(first, last)):
+        raise ctx.unsupported("index tensors separated by slices")
+    out = ctx.out_type()
+    shape = x.type.shape
+    bshape = torch.broadcast_shapes(*(torch.Size(indices[d].type.shape) for d in present))
+    flat = None
+    for d in present:
+        idx = ctx.cast(ctx.broadcast_to(_wrap_negative(ctx, indices[d], shape[d]), bshape), DType.I64)
+        if flat is None:
+            flat = idx
+        else:
+            flat = ctx.op(Op.ADD, ctx.op(Op.MUL, flat, ctx.full(shape[d], bshape, DType.I64)), idx)
+    # Move the indexed axes to the front, gather rows, put the result axes where torch does:
+    # in place of the indexed axes (they are consecutive).
+    rank = x.type.rank
+    perm = list(range(first, last)) + [d for d in range(rank) if not first <= d < last]
+    moved = ctx.transpose(x, perm)
+    rows = math.prod(shape[first:last])
+    rest = [shape[d] for d in range(rank) if not first <= d < last]
+    table = ctx.reshape(moved, [rows, math.prod(rest)])
+    n = math.prod(bshape)
+    taken = ctx.reshape(ctx.op(Op.TAKE, table, ctx.reshape(flat, [n])), [n, *rest])
+    # taken: [n, *before, *after] -> [*before, n, *after]
+    nb = first
+    to_place = list(range(1, nb + 1)) + [0] + list(range(nb + 1, 1 + len(rest)))
+    placed = ctx.transpose(taken, to_place)
+    return ctx.reshape(placed, out.shape)

@@ -21,6 +21,7 @@ UNARY = {
     aten.abs: Op.ABS,
     aten.sign: Op.SIGN,
     aten.floor: Op.FLOOR,
+    aten.round: Op.ROUND,
     aten.exp: Op.EXP,
     aten.log: Op.LOG,
     aten.tanh: Op.TANH,
@@ -117,7 +118,7 @@ def _compare_rule(op: Op):
 
 
 for _packet, _op in UNARY.items():
-    register_lowering(_packet)(_unary_rule(_op))
+    register_lowering(_packet.default)(_unary_rule(_op))
 for _packet, _op in BINARY.items():
     register_lowering(_packet)(_binary_rule(_op))
 for _packet, _op in COMPARE.items():

@@ -108,6 +108,12 @@ def lower_select(ctx: LowerCtx, x: Value, dim: int, index: int) -> Value:
     return ctx.reshape(_slice(ctx, x, dim, index, index + 1, 1), ctx.out_type().shape)
 
 
+@register_lowering(aten.flip.default)
+def lower_flip(ctx: LowerCtx, x: Value, dims) -> Value:
+    axes = sorted({norm_dim(d, x.type.rank) for d in dims if x.type.rank})
+    return ctx.op(Op.REVERSE, x, axes=axes) if axes else x
+
+
 @register_lowering(aten.split_with_sizes.default)
 def lower_split_with_sizes(ctx: LowerCtx, x: Value, sizes, dim: int = 0) -> tuple[Value, ...]:
     dim = norm_dim(dim, x.type.rank)
@@ -401,3 +407,35 @@ def lower_topk(ctx: LowerCtx, x: Value, k: int, dim: int = -1, largest: bool = T
         return ctx.full(0, empty, dt), ctx.full(0, empty, DType.I64)
     cat = (lambda vs: vs[0] if len(vs) == 1 else ctx.op(Op.CONCAT, *vs, axis=dim))
     return cat(values), cat(indices)
+
+
+@register_lowering(aten.constant_pad_nd.default)
+def lower_constant_pad(ctx: LowerCtx, x: Value, pad, value=0) -> Value:
+    """pad lists (before, after) pairs from the last axis backwards; negative pads crop."""
+    y = x
+    for i in range(len(pad) // 2):
+        dim = x.type.rank - 1 - i
+        before, after = pad[2 * i], pad[2 * i + 1]
+        size = y.type.shape[dim]
+        y = _slice(ctx, y, dim, max(0, -before), size - max(0, -after), 1)
+        parts = []
+        for width in (before, None, after):
+            if width is None:
+                parts.append(y)
+            elif width > 0:
+                parts.append(ctx.full(value, [width if d == dim else s for d, s in enumerate(y.type.shape)], y.type.dtype))
+        y = parts[0] if len(parts) == 1 else ctx.op(Op.CONCAT, *parts, axis=dim)
+    return y
+
+
+@register_lowering(aten.slice_scatter.default)
+def lower_slice_scatter(ctx: LowerCtx, x: Value, src: Value, dim: int = 0, start=None, end=None, step: int = 1) -> Value:
+    """x with x[start:end] along dim replaced by src (step 1): a concat of the three pieces."""
+    if step != 1:
+        raise ctx.unsupported("slice_scatter with a step other than 1")
+    dim = norm_dim(dim, x.type.rank)
+    size = x.type.shape[dim]
+    r = range(size)[slice(start, end, 1)]
+    lo, hi = r.start, r.start + len(r)
+    parts = [p for p in (_slice(ctx, x, dim, 0, lo, 1), ctx.cast(src, x.type.dtype), _slice(ctx, x, dim, hi, size, 1)) if p.type.shape[dim]]
+    return parts[0] if len(parts) == 1 else ctx.op(Op.CONCAT, *parts, axis=dim)

@@ -89,6 +89,7 @@ _BY_OP: dict[Op, Callable[..., np.ndarray]] = {
     Op.TRANSPOSE: lambda n, x: np.transpose(x, n.attr("perm")),
     Op.BROADCAST: lambda n, x: np.broadcast_to(x, n.attr("shape")),
     Op.SLICE: _slice,
+    Op.REVERSE: lambda n, x: np.flip(x, n.attr("axes")),
     Op.CONCAT: lambda n, *xs: np.concatenate(xs, axis=n.attr("axis")),
     Op.FULL: lambda n: np.full(n.attr("shape"), n.attr("value")),
     Op.IOTA: _iota,

@@ -73,6 +73,7 @@ UNARY: dict = {
         "abs": np.abs,
         "sign": np.sign,
         "floor": np.floor,
+        "round": np.round,  # half to even, as torch.round
         "exp": np.exp,
         "log": np.log,
         "tanh": np.tanh,

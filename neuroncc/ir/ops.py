@@ -54,6 +54,7 @@ class Op(enum.Enum):
     ABS = "abs"
     SIGN = "sign"
     FLOOR = "floor"
+    ROUND = "round"
     EXP = "exp"
     LOG = "log"
     TANH = "tanh"
@@ -96,6 +97,7 @@ class Op(enum.Enum):
     TRANSPOSE = "transpose"
     BROADCAST = "broadcast"
     SLICE = "slice"
+    REVERSE = "reverse"
     CONCAT = "concat"
     TAKE = "take"
     FULL = "full"
@@ -126,6 +128,7 @@ OP_TABLE: dict[Op, OpInfo] = {
     Op.ABS: _unary(),
     Op.SIGN: _unary(),
     Op.FLOOR: _unary(),
+    Op.ROUND: _unary(),
     Op.EXP: _unary(),
     Op.LOG: _unary(),
     Op.TANH: _unary(),
@@ -172,6 +175,7 @@ OP_TABLE: dict[Op, OpInfo] = {
         Engine.DMA,
         {"starts": "ints", "stops": "ints", "steps": "ints"},
     ),
+    Op.REVERSE: OpInfo(Kind.MOVEMENT, 1, R.reverse, Engine.DMA, {"axes": "ints"}),
     Op.CONCAT: OpInfo(Kind.MOVEMENT, -1, R.concat, Engine.DMA, {"axis": "int"}),
     Op.TAKE: OpInfo(Kind.INDEX, 2, R.take, Engine.DMA),
     Op.FULL: OpInfo(

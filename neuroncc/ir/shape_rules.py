@@ -120,6 +120,14 @@ def slice_(ins: Sequence[TensorType], attrs: Mapping[str, Any]) -> TensorType:
     return TensorType(tuple(shape), t.dtype)
 
 
+def reverse(ins: Sequence[TensorType], attrs: Mapping[str, Any]) -> TensorType:
+    (t,) = ins
+    axes = attrs["axes"]
+    if len(set(axes)) != len(axes) or not all(0 <= a < t.rank for a in axes):
+        raise ShapeError(f"reverse axes {list(axes)} are not distinct axes of {t}")
+    return t
+
+
 def concat(ins: Sequence[TensorType], attrs: Mapping[str, Any]) -> TensorType:
     axis = attrs["axis"]
     first = ins[0]

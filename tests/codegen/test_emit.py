@@ -115,7 +115,8 @@ def test_movement_ops():
     s = b.op(Op.SLICE, x, starts=[1, 3, 0], stops=[6, 130, 5], steps=[2, 7, 3])
     c = b.op(Op.CONCAT, x, x, b.op(Op.FULL, shape=[6, 130, 1], value=2.0, dtype=DType.F32), axis=2)
     r = b.op(Op.BROADCAST, b.op(Op.RESHAPE, b.op(Op.REDUCE_SUM, x, axes=[2], keepdim=True), shape=[6, 130, 1]), shape=[6, 130, 4])
-    check(b.build([t, s, c, r]))
+    v = b.op(Op.REVERSE, x, axes=[0, 2])
+    check(b.build([t, s, c, r, v]))
 
 
 @given(st.integers(1, 300), st.integers(1, 40), st.integers(1, 2100))

@@ -77,6 +77,12 @@ CASES = {
     "layer_norm_2d": (lambda x: F.layer_norm(x, (3, 8)), [f32(2, 3, 8)], True),
     "rms_norm_llama": (rms_norm, [f32(2, 5, 16), f32(16)], True),
     "embedding": (lambda w, i: F.embedding(i, w), [f32(20, 8), ints(20, 3, 5)], True),
+    "index_put": (
+        # Unique indices where not accumulating (duplicates are undefined behaviour there).
+        lambda x, v, i, j: (x.index_put((i,), v[0]), x.index_put((j, i[:3]), v[1, :3], accumulate=True)),
+        [f32(5, 4, 3), f32(2, 4, 3), lambda: torch.tensor([3, 0, -1, 1]), ints(5, 3)],
+        True,
+    ),
     "cross_entropy": (lambda x, t: F.cross_entropy(x, t), [f32(6, 11), ints(11, 6)], True),
     "cross_entropy_sum": (lambda x, t: F.cross_entropy(x, t, reduction="sum"), [f32(6, 11), ints(11, 6)], True),
     "nll_loss": (lambda x, t: F.nll_loss(F.log_softmax(x, -1), t), [f32(5, 9), ints(9, 5)], True),
@@ -91,6 +97,14 @@ CASES = {
     "topk": (lambda x: (*torch.topk(x, 3), *torch.topk(x, 2, dim=0, largest=False)), [f32(4, 9)], True),
     # Ties: the lowest index wins here; PyTorch leaves their order unspecified, so compare values.
     "topk_ties": (lambda x: torch.topk(x.round(), 4)[0], [f32(3, 8)], False),
+    "index_tensor": (
+        lambda x, i, j: (x[i], x[:, j], x[i, j], x[i.unsqueeze(1), j[:3]], x[-1 - i]),
+        [f32(6, 5, 3), ints(5, 4), ints(4, 4)],
+        True,
+    ),
+    "flip": (lambda x: (x.flip(0), x.flip(-1, 1)), [f32(3, 4, 5)], True),
+    "pad": (lambda x: (F.pad(x, (1, 2)), F.pad(x, (0, 0, 2, -1), value=-3.0)), [f32(3, 4)], True),
+    "slice_scatter": (lambda x, s: torch.slice_scatter(x, s, 1, 1, 3), [f32(3, 5), f32(3, 2)], True),
     "attention": (
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
         [f32(2, 2, 8, 4), f32(2, 2, 8, 4), f32(2, 2, 8, 4)],
@@ -116,6 +130,7 @@ def test_lowering_matches_eager(name, fresh):
     compiled = torch.compile(fn, backend="neuron", fullgraph=True, dynamic=False)
     got = _flat(compiled(*inputs))
     assert neuroncc.stats()["compiles"] >= 1
+    assert neuroncc.stats()["fallback_nodes"] == {}, "something ran eagerly"
     for g, e in zip(got, expected, strict=True):
         torch.testing.assert_close(g, e, **TOL, equal_nan=True)
     if not differentiable:
@@ -129,6 +144,7 @@ def test_lowering_matches_eager(name, fresh):
     have = torch.autograd.grad(loss_g, leaves, allow_unused=True)
     if differentiable != "views":
         assert neuroncc.stats()["compiles"] > compiles, "the backward graph was not compiled"
+    assert neuroncc.stats()["fallback_nodes"] == {}, "something in the backward ran eagerly"
     for h, w in zip(have, want, strict=True):
         if w is None:
             continue
