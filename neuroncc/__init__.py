@@ -12,6 +12,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 from neuroncc.errors import (  # noqa: E402
+    CapacityError,
     CodegenError,
     NeuronccError,
     OptionsError,
@@ -33,6 +34,7 @@ def reset_stats() -> None:
 
 
 __all__ = [
+    "CapacityError",
     "CodegenError",
     "CompileOptions",
     "NeuronccError",

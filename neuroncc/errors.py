@@ -29,6 +29,11 @@ class CodegenError(NeuronccError):
     stage = "program"
 
 
+class CapacityError(CodegenError):
+    """The graph's tensors do not fit the target's HBM. Never a reason to fall back: the same
+    model would not fit the device either."""
+
+
 class SimulationError(NeuronccError):
     """The simulator found the executable wrong: out-of-bounds access, capacity, or a race."""
 

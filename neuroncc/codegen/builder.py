@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from neuroncc.codegen import isa
 from neuroncc.codegen.program import Buffer, Executable, Kernel, ValueLoc
 from neuroncc.codegen.targets import Target
-from neuroncc.errors import CodegenError
+from neuroncc.errors import CapacityError, CodegenError
 from neuroncc.ir.types import DType
 
 ALIGN = 64
@@ -142,7 +142,7 @@ class ProgramBuilder:
         buf = Buffer(name, kind, offset, dtype, tuple(shape))
         self._hbm_top = offset + buf.nbytes
         if self._hbm_top > self.target.hbm_bytes:
-            raise CodegenError(
+            raise CapacityError(
                 f"tensors do not fit in HBM: {self._hbm_top / 2**30:.2f} GiB needed "
                 f"(buffer {name!r}: {buf.nbytes / 2**30:.2f} GiB), "
                 f"{self.target.name} has {self.target.hbm_bytes / 2**30:.0f} GiB per NeuronCore"

@@ -18,7 +18,7 @@ def emit_graph(g: Graph, target: Target) -> Executable:
             try:
                 EMITTERS[n.op](ctx, n)
             except CodegenError as e:
-                raise CodegenError(f"emitting {format_node(n)}: {e}") from None
+                raise type(e)(f"emitting {format_node(n)}: {e}") from None
     inputs = [ctx.loc[v.id] for v in g.inputs]
     outputs = [ctx.loc[v.id] for v in g.outputs]
     return ctx.b.finish(inputs, outputs)

@@ -25,7 +25,7 @@ from neuroncc.codegen.lower import emit_graph
 from neuroncc.codegen.targets import get_target
 from neuroncc.frontend.decompositions import DECOMPOSITIONS
 from neuroncc.frontend.dump import dump_graph
-from neuroncc.errors import NeuronccError, UnsupportedError
+from neuroncc.errors import CapacityError, NeuronccError, UnsupportedError
 from neuroncc.frontend.fx_import import import_fx
 from neuroncc.frontend.partition import find_declined, report_fallback, split_graph
 from neuroncc.ir.printer import print_graph
@@ -96,7 +96,7 @@ def _compile_or_eager(gm: torch.fx.GraphModule, opts: CompileOptions, name: str)
     try:
         return compile_region(gm, opts, name)
     except NeuronccError as e:
-        if not opts.fallback:
+        if not opts.fallback or isinstance(e, CapacityError):
             raise
         warnings.warn(
             f"neuroncc could not compile graph {name} (stage {e.stage}): {e}; "

@@ -27,6 +27,9 @@ def _flash_attention_cpu_backward(
         return NotImplemented
     dtype = q.dtype
     q, k, v, grad_out, out = (t.float() for t in (q, k, v, grad_out, out))
+    # Grouped-query attention: each key/value head serves `groups` query heads.
+    groups = q.shape[-3] // k.shape[-3]
+    k, v = (_repeat_heads(t, groups) for t in (k, v))
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     if logsumexp.dim() == q.dim():
         p = logsumexp.float()
@@ -43,7 +46,22 @@ def _flash_attention_cpu_backward(
     grad_s = p * (grad_p - (grad_out * out).sum(-1, keepdim=True))
     grad_q = (grad_s @ k) * scale
     grad_k = (grad_s.transpose(-2, -1) @ q) * scale
+    grad_k, grad_v = (_sum_heads(t, groups) for t in (grad_k, grad_v))
     return grad_q.to(dtype), grad_k.to(dtype), grad_v.to(dtype)
+
+
+def _repeat_heads(t, groups: int):
+    if groups == 1:
+        return t
+    *batch, heads, n, e = t.shape
+    return t.unsqueeze(-3).expand(*batch, heads, groups, n, e).reshape(*batch, heads * groups, n, e)
+
+
+def _sum_heads(t, groups: int):
+    if groups == 1:
+        return t
+    *batch, heads, n, e = t.shape
+    return t.reshape(*batch, heads // groups, groups, n, e).sum(-3)
 
 
 DECOMPOSITIONS = {

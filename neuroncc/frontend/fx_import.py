@@ -61,7 +61,7 @@ def lower_call(ctx: LowerCtx, node: torch.fx.Node, env: dict) -> Any:
     rule = LOWERINGS.get(node.target)
     if rule is None:
         raise UnsupportedError(
-            f"no lowering for ATen op {node.target} (node {node.name}: {node.format_node()})",
+            f"no lowering for op {node.target} (node {node.name}: {node.format_node()})",
             op=str(node.target),
         )
     ctx.node = node

@@ -30,7 +30,7 @@ def declined_reason(node: torch.fx.Node) -> str | None:
     if node.target is operator.getitem:
         return None
     if node.target not in LOWERINGS:
-        return f"no lowering for ATen op {node.target}"
+        return f"no lowering for op {node.target}"
     b = GraphBuilder("probe")
     env: dict[torch.fx.Node, Any] = {}
     try:

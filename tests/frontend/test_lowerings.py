@@ -110,6 +110,11 @@ CASES = {
         [f32(2, 2, 8, 4), f32(2, 2, 8, 4), f32(2, 2, 8, 4)],
         True,
     ),
+    "attention_gqa_mask": (
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True),
+        [f32(1, 4, 6, 8), f32(1, 2, 6, 8), f32(1, 2, 6, 8), boolean(6, 6)],
+        True,
+    ),
 }
 
 TOL = {"rtol": 1e-4, "atol": 1e-5}
