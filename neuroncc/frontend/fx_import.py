@@ -26,7 +26,8 @@ from neuroncc.ir.types import DType, TensorType
 
 
 class LoweringError(UnsupportedError):
-    """A lowering rule produced a value whose type disagrees with PyTorch's."""
+    """A lowering rule failed, or produced a value whose type disagrees with PyTorch's: a
+    compiler bug, reported with the node (and, with fallback on, that node runs eagerly)."""
 
 
 @dataclass
@@ -65,7 +66,14 @@ def lower_call(ctx: LowerCtx, node: torch.fx.Node, env: dict) -> Any:
             op=str(node.target),
         )
     ctx.node = node
-    result = rule(ctx, *_map_args(node.args, env), **_map_args(node.kwargs, env))
+    try:
+        result = rule(ctx, *_map_args(node.args, env), **_map_args(node.kwargs, env))
+    except UnsupportedError:
+        raise
+    except Exception as e:  # a rule that breaks on these arguments is a compiler bug
+        raise LoweringError(
+            f"lowering {node.format_node()} failed: {type(e).__name__}: {e}", op=str(node.target)
+        ) from e
     val = node.meta.get("val")
     if isinstance(result, Value):
         _check_type(result, val, node)

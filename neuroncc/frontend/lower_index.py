@@ -31,6 +31,8 @@ def lower_embedding(ctx: LowerCtx, weight: Value, indices: Value, *args) -> Valu
 
 @register_lowering(aten.index_select.default)
 def lower_index_select(ctx: LowerCtx, x: Value, dim: int, index: Value) -> Value:
+    if x.type.rank == 0:  # a 0-d tensor indexes like a 1-element vector
+        return ctx.reshape(lower_index_select(ctx, ctx.reshape(x, [1]), 0, index), ctx.out_type().shape)
     dim = norm_dim(dim, x.type.rank)
     rank = x.type.rank
     perm = [dim] + [d for d in range(rank) if d != dim]

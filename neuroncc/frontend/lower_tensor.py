@@ -169,6 +169,8 @@ def reduce(ctx: LowerCtx, op: Op, x: Value, dims, keepdim: bool) -> Value:
 
 def _reduced_count(x: Value, dims) -> int:
     rank = x.type.rank
+    if rank == 0:
+        return 1
     axes = {norm_dim(d, rank) for d in dims} if dims else set(range(rank))
     return math.prod(x.type.shape[d] for d in axes)
 
@@ -216,7 +218,7 @@ def lower_all(ctx: LowerCtx, x: Value, dims=None, keepdim: bool = False) -> Valu
 def _arg_reduce(ctx: LowerCtx, op: Op, x: Value, dim, keepdim: bool) -> tuple[Value, Value]:
     """(values, first index) of max/min along dim: compare with the extreme, take the least
     matching index."""
-    if dim is None:
+    if dim is None or x.type.rank == 0:
         x, dim = ctx.reshape(x, [x.type.numel]), 0
     dim = norm_dim(dim, x.type.rank)
     ext = reduce(ctx, op, x, [dim], True)
