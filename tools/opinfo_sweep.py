@@ -32,6 +32,9 @@ import neuroncc
 RANDOM_OR_UNINITIALISED = (
     "bernoulli", "normal", "rand", "randn", "randint", "uniform", "multinomial", "dropout",
     "rrelu", "empty", "new_empty", "cauchy", "exponential", "geometric", "log_normal",
+    # Scatters whose samples repeat indices: which write wins is unspecified (Inductor skips
+    # them for the same reason).
+    "max_unpool",
 )
 TOL = {"rtol": 1e-4, "atol": 1e-5}
 
@@ -102,8 +105,10 @@ def run_sample(op, sample, grads: bool) -> tuple[str, list[str]]:
             _compare([g for g in got_g if g is not None], [g for g in want_g if g is not None], _metadata_only(op.name))
     stats = neuroncc.stats()
     fell_back = sorted(stats["fallback_nodes"])
-    if stats["executions"] == 0:
-        fell_back.append("dynamo: not captured")  # Dynamo ran it eagerly (graph break)
+    if stats["dynamo_graphs"] == 0:
+        fell_back.append("dynamo: not captured")  # Dynamo ran it in Python (graph break)
+    # dynamo_graphs > 0 with no execution and no fallback: results are views of the inputs,
+    # which AOTAutograd recreates; there is nothing to compute.
     return "ok", fell_back
 
 

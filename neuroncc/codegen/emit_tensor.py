@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from neuroncc.codegen import isa
+from neuroncc.errors import CodegenError
 from neuroncc.codegen.emit import TILE_BYTES, EmitCtx, P, rect, register, tiles_2d
 from neuroncc.ir.graph import Node
 from neuroncc.ir.ops import Op
@@ -12,8 +13,9 @@ from neuroncc.ir.types import DType, contiguous_strides
 
 DMA_CHUNK_BYTES = 64 * 1024  # split large HBM->HBM copies so they spread over the queues
 
-_REDUCE_OP = {Op.REDUCE_SUM: "sum", Op.REDUCE_MAX: "max", Op.REDUCE_MIN: "min"}
-_COMBINE_OP = {"sum": "add", "max": "max", "min": "min"}
+_REDUCE_OP = {Op.REDUCE_SUM: "sum", Op.REDUCE_MAX: "max", Op.REDUCE_MIN: "min", Op.REDUCE_PROD: "prod"}
+_COMBINE_OP = {"sum": "add", "max": "max", "min": "min", "prod": "mul"}
+_IDENTITY = {"sum": 0.0, "prod": 1.0}
 
 
 @register(Op.MATMUL)
@@ -52,7 +54,7 @@ def emit_matmul(ctx: EmitCtx, n: Node) -> None:
                 b.dma(rect(out, odt, o_off + m0 * nn + n0, nn, mt, nt), ot)
 
 
-@register(Op.REDUCE_SUM, Op.REDUCE_MAX, Op.REDUCE_MIN)
+@register(Op.REDUCE_SUM, Op.REDUCE_MAX, Op.REDUCE_MIN, Op.REDUCE_PROD)
 def emit_reduce(ctx: EmitCtx, n: Node) -> None:
     b = ctx.b
     (x,) = n.inputs
@@ -73,9 +75,9 @@ def emit_reduce(ctx: EmitCtx, n: Node) -> None:
         p = min(P, rows - r0)
         acc = acc_pool.tile(p, (1,), acc_dt)
         if k == 0:
-            if op != "sum":
-                raise ValueError(f"{n.op.value} of an empty tensor has no value")
-            b.emit(isa.Memset("pool", dst=acc, value=0.0))
+            if op not in _IDENTITY:
+                raise CodegenError(f"{n.op.value} of an empty tensor has no value")
+            b.emit(isa.Memset("pool", dst=acc, value=_IDENTITY[op]))
         for _, _, c0, f in tiles_2d(p, k, fmax):
             xt = in_pool.tile(p, (f,), t.dtype)
             b.dma(xt, rect(src, t.dtype, r0 * k + c0, k, p, f))

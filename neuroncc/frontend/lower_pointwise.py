@@ -35,6 +35,23 @@ UNARY = {
     aten.sin: Op.SIN,
     aten.cos: Op.COS,
     aten.logical_not: Op.NOT,
+    aten.log1p: Op.LOG1P,
+    aten.expm1: Op.EXPM1,
+    aten.exp2: Op.EXP2,
+    aten.log2: Op.LOG2,
+    aten.log10: Op.LOG10,
+    aten.trunc: Op.TRUNC,
+    aten.ceil: Op.CEIL,
+    aten.tan: Op.TAN,
+    aten.acos: Op.ACOS,
+    aten.asin: Op.ASIN,
+    aten.atan: Op.ATAN,
+    aten.sinh: Op.SINH,
+    aten.cosh: Op.COSH,
+    aten.acosh: Op.ACOSH,
+    aten.asinh: Op.ASINH,
+    aten.atanh: Op.ATANH,
+    aten.erfc: Op.ERFC,
 }
 
 BINARY = {
@@ -53,6 +70,17 @@ BINARY = {
     aten.bitwise_and.Scalar: Op.AND,
     aten.bitwise_or.Tensor: Op.OR,
     aten.bitwise_or.Scalar: Op.OR,
+    aten.fmod.Tensor: Op.FMOD,
+    aten.fmod.Scalar: Op.FMOD,
+    aten.remainder.Tensor: Op.REMAINDER,
+    aten.remainder.Scalar: Op.REMAINDER,
+    aten.atan2.default: Op.ATAN2,
+    aten.copysign.Tensor: Op.COPYSIGN,
+    aten.copysign.Scalar: Op.COPYSIGN,
+    aten.hypot.default: Op.HYPOT,
+    aten.fmax.default: Op.FMAX,
+    aten.fmin.default: Op.FMIN,
+    aten.logaddexp.default: Op.LOGADDEXP,
 }
 
 COMPARE = {
@@ -270,3 +298,71 @@ def lower_div_mode(ctx: LowerCtx, a, b, rounding_mode: str | None = None) -> Val
         return ctx.op(Op.FLOOR, q)
     neg = ctx.op(Op.LT, q, zero)
     return ctx.op(Op.WHERE, neg, ctx.op(Op.NEG, ctx.op(Op.FLOOR, ctx.op(Op.NEG, q))), ctx.op(Op.FLOOR, q))
+
+
+@register_lowering(aten.isinf.default, aten.isposinf.default, aten.isneginf.default, aten.isfinite.default)
+def lower_isinf(ctx: LowerCtx, x: Value) -> Value:
+    shape, dt = x.type.shape, x.type.dtype
+    name = ctx.node.target.name().split("::")[1]
+    if not dt.is_float:
+        return ctx.full(name == "isfinite", shape, DType.BOOL)
+    pos = ctx.op(Op.EQ, x, ctx.full(float("inf"), shape, dt))
+    neg = ctx.op(Op.EQ, x, ctx.full(float("-inf"), shape, dt))
+    if name == "isposinf":
+        return pos
+    if name == "isneginf":
+        return neg
+    inf = ctx.op(Op.OR, pos, neg)
+    if name == "isinf":
+        return inf
+    return ctx.op(Op.AND, ctx.op(Op.EQ, x, x), ctx.op(Op.NOT, inf))
+
+
+@register_lowering(aten.nan_to_num.default)
+def lower_nan_to_num(ctx: LowerCtx, x: Value, nan=0.0, posinf=None, neginf=None) -> Value:
+    shape, dt = x.type.shape, x.type.dtype
+    if not dt.is_float:
+        return x
+    finfo = torch.finfo(dt.torch)
+    y = ctx.op(Op.WHERE, ctx.op(Op.NE, x, x), ctx.full(nan or 0.0, shape, dt), x)
+    for bad, value in ((float("inf"), finfo.max if posinf is None else posinf), (float("-inf"), finfo.min if neginf is None else neginf)):
+        y = ctx.op(Op.WHERE, ctx.op(Op.EQ, y, ctx.full(bad, shape, dt)), ctx.full(value, shape, dt), y)
+    return y
+
+
+@register_lowering(aten.round.decimals)
+def lower_round_decimals(ctx: LowerCtx, x: Value, decimals: int = 0) -> Value:
+    # As PyTorch computes it: round(x * 10^d) / 10^d (for negative d: * 10^-d after / 10^-d).
+    shape, dt = x.type.shape, x.type.dtype
+    if decimals >= 0:
+        scale = ctx.full(10.0**decimals, shape, dt)
+        return ctx.op(Op.DIV, ctx.op(Op.ROUND, ctx.op(Op.MUL, x, scale)), scale)
+    scale = ctx.full(10.0 ** (-decimals), shape, dt)
+    return ctx.op(Op.MUL, ctx.op(Op.ROUND, ctx.op(Op.DIV, x, scale)), scale)
+
+
+@register_lowering(aten.hardtanh.default)
+def lower_hardtanh(ctx: LowerCtx, x: Value, lo=-1.0, hi=1.0) -> Value:
+    return lower_clamp(ctx, x, lo, hi)
+
+
+@register_lowering(aten.elu.default)
+def lower_elu(ctx: LowerCtx, x: Value, alpha=1.0, scale=1.0, input_scale=1.0) -> Value:
+    shape, dt = x.type.shape, x.type.dtype
+    pos = ctx.op(Op.MUL, x, ctx.full(scale, shape, dt))
+    neg = ctx.op(Op.MUL, ctx.op(Op.EXPM1, ctx.op(Op.MUL, x, ctx.full(input_scale, shape, dt))), ctx.full(alpha * scale, shape, dt))
+    return ctx.op(Op.WHERE, ctx.op(Op.GT, x, ctx.full(0, shape, dt)), pos, neg)
+
+
+@register_lowering(aten.leaky_relu.default)
+def lower_leaky_relu(ctx: LowerCtx, x: Value, slope=0.01) -> Value:
+    shape, dt = x.type.shape, x.type.dtype
+    return ctx.op(Op.WHERE, ctx.op(Op.GT, x, ctx.full(0, shape, dt)), x, ctx.op(Op.MUL, x, ctx.full(slope, shape, dt)))
+
+
+@register_lowering(aten.softplus.default)
+def lower_softplus(ctx: LowerCtx, x: Value, beta=1.0, threshold=20.0) -> Value:
+    shape, dt = x.type.shape, x.type.dtype
+    bx = ctx.op(Op.MUL, x, ctx.full(beta, shape, dt))
+    soft = ctx.op(Op.DIV, ctx.op(Op.LOG1P, ctx.op(Op.EXP, bx)), ctx.full(beta, shape, dt))
+    return ctx.op(Op.WHERE, ctx.op(Op.GT, bx, ctx.full(threshold, shape, dt)), x, soft)

@@ -441,3 +441,169 @@ def lower_slice_scatter(ctx: LowerCtx, x: Value, src: Value, dim: int = 0, start
     lo, hi = r.start, r.start + len(r)
     parts = [p for p in (_slice(ctx, x, dim, 0, lo, 1), ctx.cast(src, x.type.dtype), _slice(ctx, x, dim, hi, size, 1)) if p.type.shape[dim]]
     return parts[0] if len(parts) == 1 else ctx.op(Op.CONCAT, *parts, axis=dim)
+
+
+@register_lowering(aten.prod.default, aten.prod.dim_int)
+def lower_prod(ctx: LowerCtx, x: Value, dim=None, keepdim: bool = False, dtype=None) -> Value:
+    dims = None if dim is None else [dim]
+    return reduce(ctx, Op.REDUCE_PROD, ctx.cast(x, ctx.out_dtype), dims, keepdim)
+
+
+@register_lowering(aten.cumprod.default)
+def lower_cumprod(ctx: LowerCtx, x: Value, dim: int, dtype=None) -> Value:
+    """Hillis-Steele scan with multiplication (identity 1)."""
+    out = ctx.out_type()
+    y = ctx.cast(x, out.dtype)
+    if y.type.rank == 0:
+        return y
+    dim = norm_dim(dim, y.type.rank)
+    n, k = y.type.shape[dim], 1
+    while k < n:
+        pad_shape = [k if d == dim else s for d, s in enumerate(y.type.shape)]
+        shifted = ctx.op(Op.CONCAT, ctx.full(1, pad_shape, out.dtype), _slice(ctx, y, dim, 0, n - k, 1), axis=dim)
+        y = ctx.op(Op.MUL, y, shifted)
+        k *= 2
+    return y
+
+
+def _variance(ctx: LowerCtx, x: Value, dims, correction, keepdim: bool) -> tuple[Value, Value]:
+    """(var, mean) over dims, divided by N - correction, computed in fp32."""
+    xf = ctx.cast(x, DType.F32)
+    n = _reduced_count(x, dims)
+    mean_k = ctx.op(Op.DIV, reduce(ctx, Op.REDUCE_SUM, xf, dims, True), ctx.full(n, _kept_shape(x, dims), DType.F32))
+    xc = ctx.op(Op.SUB, xf, _bcast(ctx, mean_k, xf))
+    ss = reduce(ctx, Op.REDUCE_SUM, ctx.op(Op.MUL, xc, xc), dims, keepdim)
+    denom = max(n - (1 if correction is None else correction), 0)
+    var = ctx.op(Op.DIV, ss, ctx.full(denom, ss.type.shape, DType.F32))
+    mean = mean_k if keepdim else ctx.reshape(mean_k, var.type.shape)
+    return var, mean
+
+
+def _kept_shape(x: Value, dims) -> list[int]:
+    rank = x.type.rank
+    axes = {norm_dim(d, rank) for d in dims} if dims else set(range(rank))
+    return [1 if d in axes else s for d, s in enumerate(x.type.shape)]
+
+
+@register_lowering(aten.var.correction)
+def lower_var(ctx: LowerCtx, x: Value, dims=None, *, correction=None, keepdim: bool = False) -> Value:
+    return ctx.cast(_variance(ctx, x, dims, correction, keepdim)[0], ctx.out_dtype)
+
+
+@register_lowering(aten.std.correction)
+def lower_std(ctx: LowerCtx, x: Value, dims=None, *, correction=None, keepdim: bool = False) -> Value:
+    return ctx.cast(ctx.op(Op.SQRT, _variance(ctx, x, dims, correction, keepdim)[0]), ctx.out_dtype)
+
+
+@register_lowering(aten.var_mean.correction)
+def lower_var_mean(ctx: LowerCtx, x: Value, dims=None, *, correction=None, keepdim: bool = False):
+    var, mean = _variance(ctx, x, dims, correction, keepdim)
+    return ctx.cast(var, ctx.out_type(0).dtype), ctx.cast(mean, ctx.out_type(1).dtype)
+
+
+@register_lowering(aten.linalg_vector_norm.default)
+def lower_vector_norm(ctx: LowerCtx, x: Value, ord=2, dim=None, keepdim: bool = False, *, dtype=None) -> Value:
+    out = ctx.out_type()
+    a = ctx.op(Op.ABS, ctx.cast(x, out.dtype))
+    if ord == float("inf"):
+        return reduce(ctx, Op.REDUCE_MAX, a, dim, keepdim)
+    if ord == float("-inf"):
+        return reduce(ctx, Op.REDUCE_MIN, a, dim, keepdim)
+    if ord == 0:
+        nz = ctx.cast(ctx.op(Op.NE, a, ctx.full(0, a.type.shape, out.dtype)), out.dtype)
+        return reduce(ctx, Op.REDUCE_SUM, nz, dim, keepdim)
+    if ord == 1:
+        return reduce(ctx, Op.REDUCE_SUM, a, dim, keepdim)
+    if ord == 2:
+        return ctx.op(Op.SQRT, reduce(ctx, Op.REDUCE_SUM, ctx.op(Op.MUL, a, a), dim, keepdim))
+    powered = ctx.op(Op.POW, a, ctx.full(ord, a.type.shape, out.dtype))
+    s = reduce(ctx, Op.REDUCE_SUM, powered, dim, keepdim)
+    return ctx.op(Op.POW, s, ctx.full(1.0 / ord, s.type.shape, out.dtype))
+
+
+def _diagonal_mask(ctx: LowerCtx, n1: int, n2: int, offset: int) -> Value:
+    """bool[n1, n2]: true where j - i == offset."""
+    i = ctx.broadcast_to(ctx.reshape(ctx.op(Op.IOTA, n=n1, start=offset, step=1, dtype=DType.I64), [n1, 1]), [n1, n2])
+    j = ctx.broadcast_to(ctx.reshape(ctx.op(Op.IOTA, n=n2, start=0, step=1, dtype=DType.I64), [1, n2]), [n1, n2])
+    return ctx.op(Op.EQ, i, j)
+
+
+def _diag_axes_last(ctx: LowerCtx, x: Value, d1: int, d2: int) -> Value:
+    rank = x.type.rank
+    return ctx.transpose(x, [d for d in range(rank) if d not in (d1, d2)] + [d1, d2])
+
+
+@register_lowering(aten.diagonal.default)
+def lower_diagonal(ctx: LowerCtx, x: Value, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Value:
+    """Masked reduction over the last axis: exact (one non-zero term per output)."""
+    d1, d2 = norm_dim(dim1, x.type.rank), norm_dim(dim2, x.type.rank)
+    t = _diag_axes_last(ctx, x, d1, d2)  # [..., n1, n2]
+    n1, n2 = t.type.shape[-2:]
+    mask = ctx.broadcast_to(_diagonal_mask(ctx, n1, n2, offset), t.type.shape)
+    picked = ctx.op(Op.WHERE, mask, t, ctx.full(0, t.type.shape, t.type.dtype))
+    if offset >= 0:
+        rows = _slice(ctx, picked, t.type.rank - 2, 0, max(0, min(n1, n2 - offset)), 1)
+    else:
+        rows = _slice(ctx, picked, t.type.rank - 2, -offset, n1, 1)
+    return ctx.reshape(reduce(ctx, Op.REDUCE_SUM, rows, [-1], False), ctx.out_type().shape)
+
+
+@register_lowering(aten.diagonal_scatter.default)
+def lower_diagonal_scatter(ctx: LowerCtx, x: Value, src: Value, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Value:
+    d1, d2 = norm_dim(dim1, x.type.rank), norm_dim(dim2, x.type.rank)
+    t = _diag_axes_last(ctx, x, d1, d2)
+    n1, n2 = t.type.shape[-2:]
+    mask = ctx.broadcast_to(_diagonal_mask(ctx, n1, n2, offset), t.type.shape)
+    # src[..., k] goes to row k (offset >= 0) or row k - offset: place it along the rows, padded.
+    lead = t.type.shape[:-2]
+    k = src.type.shape[-1]
+    start = 0 if offset >= 0 else -offset
+    col = ctx.reshape(ctx.cast(src, x.type.dtype), [*lead, k, 1])
+    parts = [p for p in (
+        ctx.full(0, [*lead, start, 1], x.type.dtype) if start else None,
+        col,
+        ctx.full(0, [*lead, n1 - start - k, 1], x.type.dtype) if n1 - start - k else None,
+    ) if p is not None]
+    rows = parts[0] if len(parts) == 1 else ctx.op(Op.CONCAT, *parts, axis=len(lead))
+    placed = ctx.op(Op.WHERE, mask, ctx.broadcast_to(rows, t.type.shape), t)
+    rank = x.type.rank
+    perm = [d for d in range(rank) if d not in (d1, d2)] + [d1, d2]
+    return ctx.transpose(placed, [perm.index(d) for d in range(rank)])
+
+
+@register_lowering(aten.repeat.default)
+def lower_repeat(ctx: LowerCtx, x: Value, repeats) -> Value:
+    """Broadcast each axis to [r, n] and merge: row-major order is repeat's order."""
+    lead = len(repeats) - x.type.rank
+    shape = [1] * lead + list(x.type.shape)
+    inter = []
+    for r, n in zip(repeats, shape, strict=True):
+        inter += [1, n]
+    y = ctx.reshape(x, inter)
+    y = ctx.broadcast_to(y, [v for r, n in zip(repeats, shape, strict=True) for v in (r, n)])
+    return ctx.reshape(y, ctx.out_type().shape)
+
+
+@register_lowering(aten.mv.default)
+def lower_mv(ctx: LowerCtx, a: Value, v: Value) -> Value:
+    return ctx.reshape(ctx.op(Op.MATMUL, a, ctx.reshape(v, [v.type.numel, 1])), ctx.out_type().shape)
+
+
+@register_lowering(aten.dot.default)
+def lower_dot(ctx: LowerCtx, a: Value, b: Value) -> Value:
+    prod = ctx.op(Op.MATMUL, ctx.reshape(a, [1, a.type.numel]), ctx.reshape(b, [b.type.numel, 1]))
+    return ctx.reshape(prod, [])
+
+
+@register_lowering(aten.addmv.default)
+def lower_addmv(ctx: LowerCtx, bias: Value, a: Value, v: Value, beta=1, alpha=1) -> Value:
+    out = ctx.out_type()
+    prod = lower_mv(ctx, a, v)
+    if alpha != 1:
+        prod = ctx.op(Op.MUL, prod, ctx.full(alpha, out.shape, out.dtype))
+    if beta == 0:
+        return prod
+    bias = ctx.tensor(bias, out.dtype, out.shape)
+    if beta != 1:
+        bias = ctx.op(Op.MUL, bias, ctx.full(beta, out.shape, out.dtype))
+    return ctx.op(Op.ADD, prod, bias)

@@ -55,6 +55,23 @@ class Op(enum.Enum):
     SIGN = "sign"
     FLOOR = "floor"
     ROUND = "round"
+    LOG1P = "log1p"
+    EXPM1 = "expm1"
+    EXP2 = "exp2"
+    LOG2 = "log2"
+    LOG10 = "log10"
+    TRUNC = "trunc"
+    CEIL = "ceil"
+    TAN = "tan"
+    ACOS = "acos"
+    ASIN = "asin"
+    ATAN = "atan"
+    SINH = "sinh"
+    COSH = "cosh"
+    ACOSH = "acosh"
+    ASINH = "asinh"
+    ATANH = "atanh"
+    ERFC = "erfc"
     EXP = "exp"
     LOG = "log"
     TANH = "tanh"
@@ -80,6 +97,14 @@ class Op(enum.Enum):
     POW = "pow"
     AND = "and"
     OR = "or"
+    FMOD = "fmod"
+    REMAINDER = "remainder"
+    ATAN2 = "atan2"
+    COPYSIGN = "copysign"
+    HYPOT = "hypot"
+    FMAX = "fmax"
+    FMIN = "fmin"
+    LOGADDEXP = "logaddexp"
     # comparisons
     EQ = "eq"
     NE = "ne"
@@ -92,6 +117,7 @@ class Op(enum.Enum):
     REDUCE_SUM = "reduce_sum"
     REDUCE_MAX = "reduce_max"
     REDUCE_MIN = "reduce_min"
+    REDUCE_PROD = "reduce_prod"
     MATMUL = "matmul"
     RESHAPE = "reshape"
     TRANSPOSE = "transpose"
@@ -129,6 +155,23 @@ OP_TABLE: dict[Op, OpInfo] = {
     Op.SIGN: _unary(),
     Op.FLOOR: _unary(),
     Op.ROUND: _unary(),
+    Op.LOG1P: _unary(),
+    Op.EXPM1: _unary(),
+    Op.EXP2: _unary(),
+    Op.LOG2: _unary(),
+    Op.LOG10: _unary(),
+    Op.TRUNC: _unary(),
+    Op.CEIL: _unary(),
+    Op.TAN: _unary(),
+    Op.ACOS: _unary(),
+    Op.ASIN: _unary(),
+    Op.ATAN: _unary(),
+    Op.SINH: _unary(),
+    Op.COSH: _unary(),
+    Op.ACOSH: _unary(),
+    Op.ASINH: _unary(),
+    Op.ATANH: _unary(),
+    Op.ERFC: _unary(),
     Op.EXP: _unary(),
     Op.LOG: _unary(),
     Op.TANH: _unary(),
@@ -153,6 +196,14 @@ OP_TABLE: dict[Op, OpInfo] = {
     Op.POW: _binary(),
     Op.AND: _binary(R.logical),
     Op.OR: _binary(R.logical),
+    Op.FMOD: _binary(),
+    Op.REMAINDER: _binary(),
+    Op.ATAN2: _binary(),
+    Op.COPYSIGN: _binary(),
+    Op.HYPOT: _binary(),
+    Op.FMAX: _binary(),
+    Op.FMIN: _binary(),
+    Op.LOGADDEXP: _binary(),
     Op.EQ: _compare(),
     Op.NE: _compare(),
     Op.LT: _compare(),
@@ -164,6 +215,7 @@ OP_TABLE: dict[Op, OpInfo] = {
     Op.REDUCE_SUM: OpInfo(Kind.REDUCE, 1, R.reduce, Engine.VECTOR, _REDUCE_ATTRS),
     Op.REDUCE_MAX: OpInfo(Kind.REDUCE, 1, R.reduce, Engine.VECTOR, _REDUCE_ATTRS),
     Op.REDUCE_MIN: OpInfo(Kind.REDUCE, 1, R.reduce, Engine.VECTOR, _REDUCE_ATTRS),
+    Op.REDUCE_PROD: OpInfo(Kind.REDUCE, 1, R.reduce, Engine.VECTOR, _REDUCE_ATTRS),
     Op.MATMUL: OpInfo(Kind.MATMUL, 2, R.matmul, Engine.TENSOR),
     Op.RESHAPE: OpInfo(Kind.MOVEMENT, 1, R.reshape, Engine.DMA, {"shape": "ints"}),
     Op.TRANSPOSE: OpInfo(Kind.MOVEMENT, 1, R.transpose, Engine.DMA, {"perm": "ints"}),

@@ -124,7 +124,7 @@ def run_tensor_scalar(m: Memories, ins: isa.TensorScalar, t: Target) -> None:
 def run_tensor_reduce(m: Memories, ins: isa.TensorReduce, t: Target) -> None:
     if ins.dst.shape != (ins.src.np, 1):
         raise SimulationError(f"tensor_reduce writes [{ins.src.np}, 1], got {ins.dst}")
-    fn = {"sum": np.sum, "max": np.max, "min": np.min}.get(ins.op)
+    fn = {"sum": np.sum, "max": np.max, "min": np.min, "prod": np.prod}.get(ins.op)
     if fn is None:
         raise SimulationError(f"reduce op {ins.op!r} does not exist")
     x = _compute(m.tile(ins.src)).reshape(ins.src.np, -1)

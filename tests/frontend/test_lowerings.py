@@ -105,6 +105,28 @@ CASES = {
     "flip": (lambda x: (x.flip(0), x.flip(-1, 1)), [f32(3, 4, 5)], True),
     "pad": (lambda x: (F.pad(x, (1, 2)), F.pad(x, (0, 0, 2, -1), value=-3.0)), [f32(3, 4)], True),
     "slice_scatter": (lambda x, s: torch.slice_scatter(x, s, 1, 1, 3), [f32(3, 5), f32(3, 2)], True),
+    "more_unary": (
+        lambda x: (x.log1p(), x.expm1(), x.exp2(), x.log2(), x.log10(), x.trunc(), x.ceil(), x.tan(),
+                   x.atan(), x.sinh(), x.cosh(), x.asinh(), torch.special.erfc(x), x.frac()),
+        [f32(3, 5, lo=0.1)],
+        True,
+    ),
+    "inverse_trig": (lambda x: (x.acos(), x.asin(), x.atanh()), [lambda: torch.rand(7) * 1.8 - 0.9], True),
+    "more_binary": (
+        lambda a, b: (torch.fmod(a, b), torch.remainder(a, b), torch.atan2(a, b), torch.copysign(a, b),
+                      torch.hypot(a, b), torch.fmax(a, b), torch.logaddexp(a, b), a % 0.7),
+        [f32(3, 4), f32(3, 4, lo=0.2)],
+        False,
+    ),
+    "inf_nan": (lambda x: (x.isinf(), x.isfinite(), x.isposinf(), torch.nan_to_num(x.log())), [f32(9)], False),
+    "activations": (lambda x: (F.elu(x), F.leaky_relu(x), F.softplus(x), F.hardtanh(x), x.round(decimals=1)), [f32(4, 5)], True),
+    "prod_var_norm": (
+        lambda x: (x.prod(), x.prod(1), x.cumprod(0), x.var(1), x.std(), *torch.var_mean(x, 0), x.norm(), torch.linalg.vector_norm(x, 1, -1)),
+        [f32(3, 4)],
+        True,
+    ),
+    "diagonal": (lambda x: (x.diagonal(), x.diagonal(1), x.diagonal(-1, 1, 2), torch.diagonal_scatter(x[0], x[1, :4, 0] * 0 + 5), torch.diagonal_scatter(x[0], x[1, :3, 1], -1)), [f32(3, 4, 5)], True),
+    "repeat_mv": (lambda x, v: (x.repeat(2, 1, 3), x @ v, torch.dot(v, v), torch.addmv(v[:3], x, v)), [f32(3, 4), f32(4)], True),
     "attention": (
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
         [f32(2, 2, 8, 4), f32(2, 2, 8, 4), f32(2, 2, 8, 4)],
