@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from neuroncc.codegen import isa
+from neuroncc.codegen.intervals import IntervalIndex
 from neuroncc.codegen.program import Buffer, Executable, Kernel, ValueLoc
 from neuroncc.codegen.targets import Target
 from neuroncc.errors import CapacityError, CodegenError
@@ -60,13 +61,16 @@ class _Access:
 
 class DepTracker:
     def __init__(self) -> None:
-        self._live: dict[str, list[_Access]] = {}
+        self._live: dict[str, IntervalIndex[_Access]] = {}
 
     def deps(self, ins: isa.Instr) -> tuple[int, ...]:
         latest: dict[str, int] = {}
         for ref, write in _accesses(ins):
             mem, box = region(ref)
-            for acc in self._live.get(mem, ()):
+            live = self._live.get(mem)
+            if live is None:
+                continue
+            for acc in live.overlapping(box[2], box[3]):
                 if (write or acc.write) and acc.engine != ins.engine and overlaps(box, acc.box):
                     latest[acc.engine] = max(latest.get(acc.engine, -1), acc.instr)
         return tuple(sorted(latest.values()))
@@ -74,10 +78,10 @@ class DepTracker:
     def record(self, ins_id: int, ins: isa.Instr) -> None:
         for ref, write in _accesses(ins):
             mem, box = region(ref)
-            live = self._live.setdefault(mem, [])
+            live = self._live.setdefault(mem, IntervalIndex())
             if write:
-                live[:] = [a for a in live if not covers(box, a.box)]
-            live.append(_Access(ins_id, ins.engine, box, write))
+                live.remove_where(box[2], box[3], lambda a, box=box: covers(box, a.box))
+            live.add(box[2], box[3], _Access(ins_id, ins.engine, box, write))
 
 
 def _accesses(ins: isa.Instr) -> list[tuple[isa.Operand, bool]]:

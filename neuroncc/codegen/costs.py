@@ -80,6 +80,10 @@ def instr_ns(ins: isa.Instr, t: Target) -> float:
     if isinstance(ins, isa.DmaGather):
         row = ins.dst.free_bytes
         return dma_ns(ins.dst.np * row, row, t)
+    if isinstance(ins, isa.DmaScatter):
+        row = ins.src.free_bytes
+        moved = ins.src.np * row * (2 if ins.accumulate else 1)  # read-modify-write
+        return dma_ns(moved, row, t)
     return compute_cycles(ins, t) / engine_ghz(ins.engine, t)
 
 

@@ -223,3 +223,28 @@ def emit_take(ctx: EmitCtx, n: Node) -> None:
             view = isa.DramRef(ctx.buf(table), c0, dt, ((d, rows_v), (1, f)))
             b.emit(isa.DmaGather(b.next_queue(), dst=tr, table=view, index=ti))
             b.dma(rect(out, dt, r0 * d + c0, d, p, f), tr)
+
+
+@register(Op.PUT)
+def emit_put(ctx: EmitCtx, n: Node) -> None:
+    """Copy the table, then scatter the rows into the copy with indirect DMAs."""
+    b = ctx.b
+    table, idx, rows = n.inputs
+    v, d = table.type.shape
+    count = idx.type.numel
+    dt, it = table.type.dtype, idx.type.dtype
+    out = ctx.alloc(n.out)
+    strides = contiguous_strides((v, d))
+    copy_pattern(ctx, out, 0, strides, ctx.buf(table), 0, strides, (v, d), dt)
+    fmax = TILE_BYTES // dt.itemsize
+    idx_pool = b.sbuf_pool(it.itemsize, bufs=2)
+    row_pool = b.sbuf_pool(min(max(d, 1), fmax) * dt.itemsize, bufs=2)
+    for r0 in range(0, count, P):
+        p = min(P, count - r0)
+        ti = idx_pool.tile(p, (1,), it)
+        b.dma(ti, rect(ctx.buf(idx), it, r0, 1, p, 1))
+        for _, _, c0, f in tiles_2d(p, d, fmax):
+            tr = row_pool.tile(p, (f,), dt)
+            b.dma(tr, rect(ctx.buf(rows), dt, r0 * d + c0, d, p, f))
+            view = isa.DramRef(out, c0, dt, ((d, v), (1, f)))
+            b.emit(isa.DmaScatter(b.next_queue(), table=view, src=tr, index=ti, accumulate=n.attr("accumulate")))

@@ -169,6 +169,24 @@ class DmaGather(Instr):
 
 
 @dataclass(frozen=True)
+class DmaScatter(Instr):
+    """Indirect DMA: table row index[i] = src row i, or += with accumulate (the DMA engine's
+    read-modify-write). Duplicate indices accumulate in order; without accumulate the last wins."""
+
+    opcode: ClassVar[str] = "dma_scatter"
+    table: DramRef
+    src: TileRef
+    index: TileRef
+    accumulate: bool
+
+    def reads(self):
+        return (self.src, self.index, self.table) if self.accumulate else (self.src, self.index)
+
+    def writes(self):
+        return (self.table,)
+
+
+@dataclass(frozen=True)
 class Matmul(Instr):
     """TensorE: dst[M,N] (PSUM, fp32) = (dst if accumulate else 0) + stationary[K,M].T @ moving[K,N]."""
 
@@ -315,6 +333,7 @@ INSTRUCTIONS: dict[str, type[Instr]] = {
     for cls in (
         Dma,
         DmaGather,
+        DmaScatter,
         Matmul,
         Activation,
         TensorTensor,

@@ -1,10 +1,10 @@
 """Lowerings of indexing ops.
 
 - embedding / index_select on dim 0: the `take` op (an indirect DMA gather on the device);
-- gather / scatter along a dim: one-hot masks built from iota == index, then where and a reduce
-  on the Vector engine (exact: a masked sum has a single non-zero term);
-- index_put with one index tensor (embedding backward): a one-hot matrix multiply on TensorE,
-  which accumulates duplicate indices as index_put(accumulate=True) requires.
+- gather / scatter along a dim: the same DMAs over the tensor viewed as one element per row,
+  addressed by flat positions computed from the index;
+- index_put (embedding backward among others): `put`, an indirect DMA scatter whose
+  accumulate mode adds rows with repeated indices as index_put(accumulate=True) requires.
 """
 
 from __future__ import annotations
@@ -44,15 +44,6 @@ def lower_index_select(ctx: LowerCtx, x: Value, dim: int, index: Value) -> Value
     return ctx.transpose(rows, inverse)
 
 
-def _one_hot(ctx: LowerCtx, index: Value, size: int) -> Value:
-    """bool[*index.shape, size]: position c is true where c == index."""
-    shape = [*index.type.shape, size]
-    iota = ctx.op(Op.IOTA, n=size, start=0, step=1, dtype=index.type.dtype)
-    iota = ctx.broadcast_to(iota, shape)
-    idx = ctx.broadcast_to(ctx.reshape(index, [*index.type.shape, 1]), shape)
-    return ctx.op(Op.EQ, iota, idx)
-
-
 def _move_last(ctx: LowerCtx, x: Value, dim: int) -> Value:
     rank = x.type.rank
     return ctx.transpose(x, [d for d in range(rank) if d != dim] + [dim])
@@ -65,43 +56,48 @@ def _move_back(ctx: LowerCtx, x: Value, dim: int) -> Value:
     return ctx.transpose(x, perm)
 
 
+def _flat_positions(ctx: LowerCtx, index: Value, dim: int, size: int) -> Value:
+    """For index moved to [R..., k]: the flat offset r * size + index[r, j] of every entry in
+    the matching [R..., size] tensor, as i64[R * k]."""
+    idx_t = ctx.cast(_move_last(ctx, index, dim), DType.I64)
+    shape = idx_t.type.shape
+    rows = math.prod(shape[:-1])
+    base = ctx.op(Op.IOTA, n=rows, start=0, step=size, dtype=DType.I64)
+    base = ctx.broadcast_to(ctx.reshape(base, [*shape[:-1], 1]), shape)
+    return ctx.reshape(ctx.op(Op.ADD, base, idx_t), [idx_t.type.numel])
+
+
+def _fit(ctx: LowerCtx, x: Value, dim: int, index: Value) -> Value:
+    """x restricted to index's extent on every axis but dim (torch.gather/scatter semantics)."""
+    stops = [x.type.shape[d] if d == dim else index.type.shape[d] for d in range(x.type.rank)]
+    if stops == list(x.type.shape):
+        return x
+    return ctx.op(Op.SLICE, x, starts=[0] * x.type.rank, stops=stops, steps=[1] * x.type.rank)
+
+
 @register_lowering(aten.gather.default)
 def lower_gather(ctx: LowerCtx, x: Value, dim: int, index: Value, sparse_grad: bool = False) -> Value:
-    dim = norm_dim(dim, x.type.rank)
+    """Element gather: an indirect DMA over x viewed as one element per row."""
     if x.type.rank == 0:
         return x
-    size = x.type.shape[dim]
-    # Only positions inside index's extent take part (torch.gather semantics).
-    stops = [size if d == dim else index.type.shape[d] for d in range(x.type.rank)]
-    if stops != list(x.type.shape):
-        x = ctx.op(Op.SLICE, x, starts=[0] * x.type.rank, stops=stops, steps=[1] * x.type.rank)
-    idx_t = _move_last(ctx, index, dim)  # [..., k]
-    x_t = _move_last(ctx, x, dim)  # [..., size]
-    hot = _one_hot(ctx, idx_t, size)  # [..., k, size]
-    src = ctx.broadcast_to(ctx.reshape(x_t, [*x_t.type.shape[:-1], 1, size]), hot.type.shape)
-    picked = ctx.op(Op.WHERE, hot, src, ctx.full(0, hot.type.shape, x.type.dtype))
-    summed = reduce(ctx, Op.REDUCE_SUM, picked, [-1], False)  # [..., k]
-    return _move_back(ctx, summed, dim)
+    dim = norm_dim(dim, x.type.rank)
+    x_t = _move_last(ctx, _fit(ctx, x, dim, index), dim)  # [R..., size]
+    table = ctx.reshape(x_t, [x_t.type.numel, 1])
+    flat = _flat_positions(ctx, index, dim, x.type.shape[dim])
+    taken = ctx.op(Op.TAKE, table, flat)
+    return _move_back(ctx, ctx.reshape(taken, _move_last(ctx, index, dim).type.shape), dim)
 
 
-def _scatter_mask_and_values(ctx: LowerCtx, x: Value, dim: int, index: Value, src: Value | None):
-    """For scatter along dim with index shaped like x off dim: (hit mask, summed src) over x."""
+def _scatter(ctx: LowerCtx, x: Value, dim: int, index: Value, src: Value, accumulate: bool) -> Value:
+    """x with src's entries written (or added) at index along dim: an indirect DMA scatter."""
     if any(index.type.shape[d] != x.type.shape[d] for d in range(x.type.rank) if d != dim):
         raise ctx.unsupported("scatter with an index smaller than self off the scatter dim")
-    size = x.type.shape[dim]
-    idx_t = _move_last(ctx, index, dim)  # [R..., k]
-    hot = _one_hot(ctx, idx_t, size)  # [R..., k, size]
-    rank = hot.type.rank
-    swap = list(range(rank - 2)) + [rank - 1, rank - 2]
-    hot_t = ctx.transpose(hot, swap)  # [R..., size, k]
-    hit = ctx.op(Op.GT, reduce(ctx, Op.REDUCE_SUM, ctx.cast(hot_t, DType.F32), [-1], False), ctx.full(0, hot_t.type.shape[:-1], DType.F32))
-    summed = None
-    if src is not None:
-        src_t = _move_last(ctx, src, dim)  # [R..., k]
-        vals = ctx.broadcast_to(ctx.reshape(src_t, [*src_t.type.shape[:-1], 1, src_t.type.shape[-1]]), hot_t.type.shape)
-        picked = ctx.op(Op.WHERE, hot_t, vals, ctx.full(0, hot_t.type.shape, x.type.dtype))
-        summed = _move_back(ctx, reduce(ctx, Op.REDUCE_SUM, picked, [-1], False), dim)
-    return _move_back(ctx, hit, dim), summed
+    x_t = _move_last(ctx, x, dim)
+    table = ctx.reshape(x_t, [x_t.type.numel, 1])
+    flat = _flat_positions(ctx, index, dim, x.type.shape[dim])
+    rows = ctx.reshape(_move_last(ctx, src, dim), [flat.type.numel, 1])
+    out = ctx.op(Op.PUT, table, flat, rows, accumulate=accumulate)
+    return _move_back(ctx, ctx.reshape(out, x_t.type.shape), dim)
 
 
 def _src_like(ctx: LowerCtx, src: Value, index: Value, x: Value) -> Value:
@@ -114,23 +110,19 @@ def _src_like(ctx: LowerCtx, src: Value, index: Value, x: Value) -> Value:
 @register_lowering(aten.scatter.value)
 def lower_scatter_value(ctx: LowerCtx, x: Value, dim: int, index: Value, value) -> Value:
     dim = norm_dim(dim, x.type.rank)
-    hit, _ = _scatter_mask_and_values(ctx, x, dim, index, None)
-    return ctx.op(Op.WHERE, hit, ctx.full(value, x.type.shape, x.type.dtype), x)
+    return _scatter(ctx, x, dim, index, ctx.full(value, index.type.shape, x.type.dtype), False)
 
 
 @register_lowering(aten.scatter.src)
 def lower_scatter_src(ctx: LowerCtx, x: Value, dim: int, index: Value, src: Value) -> Value:
-    # Duplicate indices are undefined behaviour in PyTorch; here they would sum.
     dim = norm_dim(dim, x.type.rank)
-    hit, summed = _scatter_mask_and_values(ctx, x, dim, index, _src_like(ctx, src, index, x))
-    return ctx.op(Op.WHERE, hit, summed, x)
+    return _scatter(ctx, x, dim, index, _src_like(ctx, src, index, x), False)
 
 
 @register_lowering(aten.scatter_add.default)
 def lower_scatter_add(ctx: LowerCtx, x: Value, dim: int, index: Value, src: Value) -> Value:
     dim = norm_dim(dim, x.type.rank)
-    _, summed = _scatter_mask_and_values(ctx, x, dim, index, _src_like(ctx, src, index, x))
-    return ctx.op(Op.ADD, x, summed)
+    return _scatter(ctx, x, dim, index, _src_like(ctx, src, index, x), True)
 
 
 @register_lowering(aten.index_put.default)
@@ -143,8 +135,6 @@ def lower_index_put(ctx: LowerCtx, x: Value, indices, values: Value, accumulate:
     first, last = present[0], present[-1] + 1
     if present != list(range(first, last)):
         raise ctx.unsupported("index tensors separated by slices")
-    if not x.type.dtype.is_float:
-        raise ctx.unsupported(f"index_put into {x.type.dtype.value} (float tensors only)")
     shape, rank = x.type.shape, x.type.rank
     bshape = list(torch.broadcast_shapes(*(torch.Size(indices[d].type.shape) for d in present)))
     flat = None
@@ -153,7 +143,7 @@ def lower_index_put(ctx: LowerCtx, x: Value, indices, values: Value, accumulate:
         flat = idx if flat is None else ctx.op(Op.ADD, ctx.op(Op.MUL, flat, ctx.full(shape[d], bshape, DType.I64)), idx)
     before, after = list(shape[:first]), list(shape[last:])
     # values broadcast to what x[indices] would be: [*before, *bshape, *after]
-    vals = ctx.tensor(values, DType.F32, [*before, *bshape, *after])
+    vals = ctx.tensor(values, x.type.dtype, [*before, *bshape, *after])
     nb, ni = len(before), len(bshape)
     vals = ctx.transpose(vals, list(range(nb, nb + ni)) + list(range(nb)) + list(range(nb + ni, nb + ni + len(after))))
     perm = list(range(first, last)) + [d for d in range(rank) if not first <= d < last]
@@ -166,18 +156,14 @@ def lower_index_put(ctx: LowerCtx, x: Value, indices, values: Value, accumulate:
 
 
 def _index_put_dim0(ctx: LowerCtx, x: Value, idx: Value, vals: Value, accumulate: bool) -> Value:
+    """x[idx] = vals (or +=) on rows of x: an indirect DMA scatter (`put`)."""
     rows = x.type.shape[0]
-    row_shape = x.type.shape[1:]
+    d = math.prod(x.type.shape[1:])
     n = idx.type.numel
-    vals = ctx.reshape(vals, [n, math.prod(row_shape)])
-    hot = _one_hot(ctx, ctx.reshape(idx, [n]), rows)  # [n, rows]
-    hot_t = ctx.transpose(ctx.cast(hot, DType.F32), [1, 0])  # [rows, n]
-    contrib = ctx.reshape(ctx.cast(ctx.op(Op.MATMUL, hot_t, vals), x.type.dtype), x.type.shape)
-    if accumulate:
-        return ctx.op(Op.ADD, x, contrib)
-    hit = ctx.op(Op.GT, reduce(ctx, Op.REDUCE_SUM, hot_t, [1], False), ctx.full(0, [rows], DType.F32))
-    hit = ctx.broadcast_to(ctx.reshape(hit, [rows] + [1] * len(row_shape)), x.type.shape)
-    return ctx.op(Op.WHERE, hit, contrib, x)
+    table = ctx.reshape(x, [rows, d])
+    flat = ctx.cast(ctx.reshape(idx, [n]), DType.I64)
+    out = ctx.op(Op.PUT, table, flat, ctx.cast(ctx.reshape(vals, [n, d]), x.type.dtype), accumulate=accumulate)
+    return ctx.reshape(out, x.type.shape)
 
 
 def _wrap_negative(ctx: LowerCtx, idx: Value, size: int) -> Value:

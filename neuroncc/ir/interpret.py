@@ -68,6 +68,17 @@ def _take(n: Node, table: np.ndarray, idx: np.ndarray) -> np.ndarray:
     return table[idx]
 
 
+def _put(n: Node, table: np.ndarray, idx: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    if idx.size and (idx.min() < 0 or idx.max() >= table.shape[0]):
+        raise IndexError(f"put: index out of range [0, {table.shape[0]})")
+    out = table.copy()
+    if n.attr("accumulate"):
+        np.add.at(out, idx, rows)
+    else:
+        out[idx] = rows
+    return out
+
+
 def _iota(n: Node) -> np.ndarray:
     i = np.arange(n.attr("n"), dtype=np.float64)
     return n.attr("start") + n.attr("step") * i
@@ -93,6 +104,7 @@ _BY_OP: dict[Op, Callable[..., np.ndarray]] = {
     Op.CONCAT: lambda n, *xs: np.concatenate(xs, axis=n.attr("axis")),
     Op.FULL: lambda n: np.full(n.attr("shape"), n.attr("value")),
     Op.IOTA: _iota,
+    Op.PUT: _put,
 }
 
 

@@ -126,6 +126,7 @@ class Op(enum.Enum):
     REVERSE = "reverse"
     CONCAT = "concat"
     TAKE = "take"
+    PUT = "put"
     FULL = "full"
     IOTA = "iota"
 
@@ -230,6 +231,7 @@ OP_TABLE: dict[Op, OpInfo] = {
     Op.REVERSE: OpInfo(Kind.MOVEMENT, 1, R.reverse, Engine.DMA, {"axes": "ints"}),
     Op.CONCAT: OpInfo(Kind.MOVEMENT, -1, R.concat, Engine.DMA, {"axis": "int"}),
     Op.TAKE: OpInfo(Kind.INDEX, 2, R.take, Engine.DMA),
+    Op.PUT: OpInfo(Kind.INDEX, 3, R.put, Engine.DMA, {"accumulate": "bool"}),
     Op.FULL: OpInfo(
         Kind.CONSTANT, 0, R.full, Engine.GPSIMD, {"shape": "ints", "value": "scalar", "dtype": "dtype"}
     ),

@@ -151,6 +151,16 @@ def take(ins: Sequence[TensorType], attrs: Mapping[str, Any]) -> TensorType:
     return TensorType(idx.shape + table.shape[1:], table.dtype)
 
 
+def put(ins: Sequence[TensorType], attrs: Mapping[str, Any]) -> TensorType:
+    """put(table[V, D], idx[n], rows[n, D]): table with rows written (or added) at idx."""
+    table, idx, rows = ins
+    if table.rank != 2 or idx.rank != 1 or not idx.dtype.is_int:
+        raise ShapeError(f"put needs a 2-d table and 1-d integer indices, got {table} and {idx}")
+    if rows != TensorType((idx.shape[0], table.shape[1]), table.dtype):
+        raise ShapeError(f"put rows must be {table.dtype.value}[{idx.shape[0]},{table.shape[1]}], got {rows}")
+    return table
+
+
 def full(ins: Sequence[TensorType], attrs: Mapping[str, Any]) -> TensorType:
     return TensorType(tuple(attrs["shape"]), attrs["dtype"])
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from neuroncc.codegen import isa
+from neuroncc.codegen.intervals import IntervalIndex
 from neuroncc.errors import RaceError
 
 
@@ -73,7 +74,7 @@ class RaceChecker:
         self._clocks: list[np.ndarray] = []
         self._last_on_engine: dict[int, int] = {}
         self._seq: dict[int, int] = {}
-        self._live: dict[str, list[_Access]] = {}
+        self._live: dict[str, IntervalIndex[_Access]] = {}
         self._opcodes: list[str] = []
 
     def _engine(self, name: str) -> int:
@@ -100,7 +101,9 @@ class RaceChecker:
         accesses = [(r, False) for r in ins.reads()] + [(w, True) for w in ins.writes()]
         for ref, write in accesses:
             mem, reg = _region(ref)
-            for acc in self._live.get(mem, ()):
+            live = self._live.get(mem)
+            candidates = live.overlapping(reg.lo, reg.hi) if live is not None else ()
+            for acc in candidates:
                 if (write or acc.write) and vc[acc.engine] < acc.seq and reg.overlaps(acc.region):
                     kind = "write" if write else "read"
                     raise RaceError(
@@ -110,7 +113,7 @@ class RaceChecker:
                     )
         for ref, write in accesses:
             mem, reg = _region(ref)
-            live = self._live.setdefault(mem, [])
+            live = self._live.setdefault(mem, IntervalIndex())
             if write:
-                live[:] = [a for a in live if not reg.covers(a.region)]
-            live.append(_Access(ins_id, e, seq, reg, write))
+                live.remove_where(reg.lo, reg.hi, lambda a, reg=reg: reg.covers(a.region))
+            live.add(reg.lo, reg.hi, _Access(ins_id, e, seq, reg, write))

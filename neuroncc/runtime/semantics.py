@@ -55,6 +55,23 @@ def run_dma_gather(m: Memories, ins: isa.DmaGather, t: Target) -> None:
     _store(m.tile(ins.dst), table[idx])
 
 
+def run_dma_scatter(m: Memories, ins: isa.DmaScatter, t: Target) -> None:
+    idx = m.tile(ins.index).reshape(-1).astype(np.int64)
+    table = m.dram(ins.table)
+    if idx.size and (idx.min() < 0 or idx.max() >= table.shape[0]):
+        bad = idx[(idx < 0) | (idx >= table.shape[0])][0]
+        raise SimulationError(f"dma_scatter: index {bad} outside table of {table.shape[0]} rows")
+    rows = m.tile(ins.src).reshape(idx.size, -1)
+    if ins.accumulate:
+        # Adds in fp32 (int64 for integers), repeated indices one after another, rounded to
+        # the table's dtype at the end (exact for fp32 tables).
+        updated = _compute(np.asarray(table)).copy()
+        np.add.at(updated, idx, _compute(rows))
+        table[...] = updated.astype(table.dtype)
+    else:
+        table[idx] = rows.astype(table.dtype)
+
+
 def run_matmul(m: Memories, ins: isa.Matmul, t: Target) -> None:
     st, mv, dst = ins.stationary, ins.moving, ins.dst
     if st.mem != "sbuf" or mv.mem != "sbuf" or dst.mem != "psum":
@@ -156,6 +173,7 @@ def run_iota(m: Memories, ins: isa.Iota, t: Target) -> None:
 SEMANTICS: dict[str, Callable[[Memories, isa.Instr, Target], None]] = {
     "dma": run_dma,
     "dma_gather": run_dma_gather,
+    "dma_scatter": run_dma_scatter,
     "matmul": run_matmul,
     "activation": run_activation,
     "tensor_tensor": run_tensor_tensor,

@@ -39,6 +39,9 @@ def _hbm_bytes(ins: isa.Instr) -> tuple[int, int]:
     if isinstance(ins, isa.DmaGather):
         read = ins.dst.numel * ins.dst.dtype.itemsize  # only the gathered rows move
     write = sum(w.nbytes for w in ins.writes() if isinstance(w, isa.DramRef))
+    if isinstance(ins, isa.DmaScatter):
+        write = ins.src.numel * ins.src.dtype.itemsize  # only the scattered rows move
+        read = write if ins.accumulate else 0
     return read, write
 
 
