@@ -188,6 +188,16 @@ def emit_reverse(ctx: EmitCtx, n: Node) -> None:
     copy_pattern(ctx, out, 0, strides, ctx.buf(x), offset, src_strides, shape, x.type.dtype)
 
 
+@register(Op.STRIDED)
+def emit_strided(ctx: EmitCtx, n: Node) -> None:
+    x = n.inputs[0]
+    shape = n.out.type.shape
+    out = ctx.alloc(n.out)
+    copy_pattern(
+        ctx, out, 0, contiguous_strides(shape), ctx.buf(x), n.attr("offset"), n.attr("strides"), shape, x.type.dtype
+    )
+
+
 @register(Op.CONCAT)
 def emit_concat(ctx: EmitCtx, n: Node) -> None:
     axis = n.attr("axis")

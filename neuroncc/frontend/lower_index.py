@@ -207,3 +207,12 @@ def lower_index(ctx: LowerCtx, x: Value, indices) -> Value:
     to_place = list(range(1, nb + 1)) + [0] + list(range(nb + 1, 1 + len(rest)))
     placed = ctx.transpose(taken, to_place)
     return ctx.reshape(placed, out.shape)
+
+
+@register_lowering(aten.put.default)
+def lower_put(ctx: LowerCtx, x: Value, index: Value, source: Value, accumulate: bool = False) -> Value:
+    """x.put_(index, source): index_put on x flattened."""
+    flat = ctx.reshape(x, [x.type.numel])
+    idx = ctx.reshape(_wrap_negative(ctx, index, x.type.numel), [index.type.numel])
+    out = _index_put_dim0(ctx, flat, idx, ctx.reshape(source, [source.type.numel]), accumulate)
+    return ctx.reshape(out, x.type.shape)

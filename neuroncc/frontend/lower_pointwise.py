@@ -81,6 +81,8 @@ BINARY = {
     aten.fmax.default: Op.FMAX,
     aten.fmin.default: Op.FMIN,
     aten.logaddexp.default: Op.LOGADDEXP,
+    aten.nextafter.default: Op.NEXTAFTER,
+    aten.logical_xor.default: Op.NE,  # on truth values, below
 }
 
 COMPARE = {
@@ -117,6 +119,9 @@ def _binary_rule(op: Op):
     def rule(ctx: LowerCtx, a, b) -> Value:
         out = ctx.out_type()
         # Bool-valued logical ops on non-bool inputs: compare with 0 first.
+        if ctx.node.target == aten.logical_xor.default:
+            return ctx.op(Op.NE, _truthy(ctx, ctx.tensor(a, operand_dtype(a), out.shape), out.shape),
+                          _truthy(ctx, ctx.tensor(b, operand_dtype(b), out.shape), out.shape))
         if op in (Op.AND, Op.OR):
             if out.dtype != DType.BOOL and ctx.node.target.name().startswith("aten::bitwise"):
                 raise ctx.unsupported("bitwise ops on integers (only bool tensors are supported)")
@@ -366,3 +371,18 @@ def lower_softplus(ctx: LowerCtx, x: Value, beta=1.0, threshold=20.0) -> Value:
     bx = ctx.op(Op.MUL, x, ctx.full(beta, shape, dt))
     soft = ctx.op(Op.DIV, ctx.op(Op.LOG1P, ctx.op(Op.EXP, bx)), ctx.full(beta, shape, dt))
     return ctx.op(Op.WHERE, ctx.op(Op.GT, bx, ctx.full(threshold, shape, dt)), x, soft)
+
+
+@register_lowering(aten.signbit.default)
+def lower_signbit(ctx: LowerCtx, x: Value) -> Value:
+    shape, dt = x.type.shape, x.type.dtype
+    if not dt.is_float:
+        return ctx.op(Op.LT, x, ctx.full(0, shape, dt))
+    # copysign(1, x) carries x's sign bit, also for -0.0 and NaNs.
+    return ctx.op(Op.LT, ctx.op(Op.COPYSIGN, ctx.full(1.0, shape, dt), x), ctx.full(0, shape, dt))
+
+
+@register_lowering(aten.ldexp.Tensor)
+def lower_ldexp(ctx: LowerCtx, x, e) -> Value:
+    out = ctx.out_type()
+    return ctx.op(Op.MUL, ctx.tensor(x, out.dtype, out.shape), ctx.op(Op.EXP2, ctx.tensor(e, out.dtype, out.shape)))

@@ -13,7 +13,7 @@ import torch
 from neuroncc.frontend.registry import LowerCtx, norm_dim, register_lowering
 from neuroncc.ir.graph import Value
 from neuroncc.ir.ops import Op
-from neuroncc.ir.types import DType
+from neuroncc.ir.types import DType, contiguous_strides
 
 aten = torch.ops.aten
 
@@ -53,17 +53,21 @@ def lower_addmm(ctx: LowerCtx, bias: Value, a: Value, b: Value, beta=1, alpha=1)
     aten.squeeze.dims,
     aten.flatten.using_ints,
     aten.view_as.default,
+    aten.view_copy.default,
+    aten.unsqueeze_copy.default,
+    aten.squeeze_copy.dims,
+    aten._reshape_copy.default,
 )
 def lower_view(ctx: LowerCtx, x: Value, *args) -> Value:
     return ctx.reshape(x, ctx.out_type().shape)
 
 
-@register_lowering(aten.expand.default)
+@register_lowering(aten.expand.default, aten.expand_copy.default)
 def lower_expand(ctx: LowerCtx, x: Value, size, implicit: bool = False) -> Value:
     return ctx.broadcast_to(x, ctx.out_type().shape)
 
 
-@register_lowering(aten.permute.default)
+@register_lowering(aten.permute.default, aten.permute_copy.default)
 def lower_permute(ctx: LowerCtx, x: Value, dims) -> Value:
     return ctx.transpose(x, [norm_dim(d, x.type.rank) for d in dims])
 
@@ -82,7 +86,7 @@ def lower_transpose(ctx: LowerCtx, x: Value, d0: int, d1: int) -> Value:
     return ctx.transpose(x, perm)
 
 
-def _slice(ctx: LowerCtx, x: Value, dim: int, start, end, step: int) -> Value:
+def slice_axis(ctx: LowerCtx, x: Value, dim: int, start, end, step: int) -> Value:
     size = x.type.shape[dim]
     r = range(size)[slice(start, end, step)]
     lo = min(r.start, size)
@@ -96,16 +100,35 @@ def _slice(ctx: LowerCtx, x: Value, dim: int, start, end, step: int) -> Value:
     return ctx.op(Op.SLICE, x, starts=starts, stops=stops, steps=steps)
 
 
+@register_lowering(aten.narrow_copy.default)
+def lower_narrow(ctx: LowerCtx, x: Value, dim: int, start: int, length: int) -> Value:
+    dim = norm_dim(dim, x.type.rank)
+    start = start % x.type.shape[dim] if start < 0 else start
+    return slice_axis(ctx, x, dim, start, start + length, 1)
+
+
+@register_lowering(aten.unfold.default)
+def lower_unfold(ctx: LowerCtx, x: Value, dim: int, size: int, step: int) -> Value:
+    """Sliding windows along dim as one strided view: [..., windows, ..., size]."""
+    if x.type.rank == 0:
+        return ctx.reshape(x, [1])
+    dim = norm_dim(dim, x.type.rank)
+    st = contiguous_strides(x.type.shape)
+    shape = list(ctx.out_type().shape)
+    strides = [s * step if d == dim else s for d, s in enumerate(st)] + [st[dim]]
+    return ctx.op(Op.STRIDED, x, shape=shape, strides=strides, offset=0)
+
+
 @register_lowering(aten.slice.Tensor)
 def lower_slice(ctx: LowerCtx, x: Value, dim: int = 0, start=None, end=None, step: int = 1) -> Value:
-    return _slice(ctx, x, norm_dim(dim, x.type.rank), start, end, step)
+    return slice_axis(ctx, x, norm_dim(dim, x.type.rank), start, end, step)
 
 
 @register_lowering(aten.select.int)
 def lower_select(ctx: LowerCtx, x: Value, dim: int, index: int) -> Value:
     dim = norm_dim(dim, x.type.rank)
     index = index % x.type.shape[dim]
-    return ctx.reshape(_slice(ctx, x, dim, index, index + 1, 1), ctx.out_type().shape)
+    return ctx.reshape(slice_axis(ctx, x, dim, index, index + 1, 1), ctx.out_type().shape)
 
 
 @register_lowering(aten.flip.default)
@@ -119,7 +142,7 @@ def lower_split_with_sizes(ctx: LowerCtx, x: Value, sizes, dim: int = 0) -> tupl
     dim = norm_dim(dim, x.type.rank)
     parts, pos = [], 0
     for s in sizes:
-        parts.append(_slice(ctx, x, dim, pos, pos + s, 1))
+        parts.append(slice_axis(ctx, x, dim, pos, pos + s, 1))
         pos += s
     return tuple(parts)
 
@@ -136,7 +159,7 @@ def lower_split(ctx: LowerCtx, x: Value, size: int, dim: int = 0) -> tuple[Value
 def lower_unbind(ctx: LowerCtx, x: Value, dim: int = 0) -> tuple[Value, ...]:
     dim = norm_dim(dim, x.type.rank)
     shape = x.type.shape[:dim] + x.type.shape[dim + 1 :]
-    return tuple(ctx.reshape(_slice(ctx, x, dim, i, i + 1, 1), shape) for i in range(x.type.shape[dim]))
+    return tuple(ctx.reshape(slice_axis(ctx, x, dim, i, i + 1, 1), shape) for i in range(x.type.shape[dim]))
 
 
 @register_lowering(aten.cat.default)
@@ -167,7 +190,7 @@ def reduce(ctx: LowerCtx, op: Op, x: Value, dims, keepdim: bool) -> Value:
     return y
 
 
-def _reduced_count(x: Value, dims) -> int:
+def reduced_count(x: Value, dims) -> int:
     rank = x.type.rank
     if rank == 0:
         return 1
@@ -184,7 +207,7 @@ def lower_sum(ctx: LowerCtx, x: Value, dims=None, keepdim: bool = False, dtype=N
 def lower_mean(ctx: LowerCtx, x: Value, dims=None, keepdim: bool = False, dtype=None) -> Value:
     out = ctx.out_type()
     s = reduce(ctx, Op.REDUCE_SUM, ctx.cast(x, out.dtype), dims, keepdim)
-    return ctx.op(Op.DIV, s, ctx.full(_reduced_count(x, dims), out.shape, out.dtype))
+    return ctx.op(Op.DIV, s, ctx.full(reduced_count(x, dims), out.shape, out.dtype))
 
 
 @register_lowering(aten.amax.default, aten.max.default)
@@ -252,61 +275,6 @@ def lower_argmin(ctx: LowerCtx, x: Value, dim=None, keepdim: bool = False) -> Va
     return ctx.reshape(_arg_reduce(ctx, Op.REDUCE_MIN, x, dim, keepdim)[1], ctx.out_type().shape)
 
 
-# -- normalisations ---------------------------------------------------------------------------
-
-
-def _bcast(ctx: LowerCtx, v: Value, like: Value) -> Value:
-    return ctx.broadcast_to(v, like.type.shape)
-
-
-def softmax(ctx: LowerCtx, x: Value, dim: int, log: bool) -> Value:
-    """exp(x - max) / sum, in fp32 (as PyTorch computes low-precision softmax)."""
-    xf = ctx.cast(x, DType.F32)
-    m = reduce(ctx, Op.REDUCE_MAX, xf, [dim], True)
-    shifted = ctx.op(Op.SUB, xf, _bcast(ctx, m, xf))
-    e = ctx.op(Op.EXP, shifted)
-    s = reduce(ctx, Op.REDUCE_SUM, e, [dim], True)
-    if log:
-        y = ctx.op(Op.SUB, shifted, _bcast(ctx, ctx.op(Op.LOG, s), xf))
-    else:
-        y = ctx.op(Op.DIV, e, _bcast(ctx, s, xf))
-    return ctx.cast(y, ctx.out_dtype)
-
-
-@register_lowering(aten._softmax.default)
-def lower_softmax(ctx: LowerCtx, x: Value, dim: int, half_to_float: bool) -> Value:
-    return softmax(ctx, x, norm_dim(dim, x.type.rank), log=False)
-
-
-@register_lowering(aten._log_softmax.default)
-def lower_log_softmax(ctx: LowerCtx, x: Value, dim: int, half_to_float: bool) -> Value:
-    return softmax(ctx, x, norm_dim(dim, x.type.rank), log=True)
-
-
-@register_lowering(aten.native_layer_norm.default)
-def lower_layer_norm(ctx: LowerCtx, x: Value, normalized_shape, weight, bias, eps: float):
-    xf = ctx.cast(x, DType.F32)
-    axes = list(range(x.type.rank - len(normalized_shape), x.type.rank))
-    n = math.prod(normalized_shape)
-    stat_shape = [1 if d in axes else s for d, s in enumerate(x.type.shape)]
-    count = ctx.full(n, stat_shape, DType.F32)
-    mean = ctx.op(Op.DIV, reduce(ctx, Op.REDUCE_SUM, xf, axes, True), count)
-    xc = ctx.op(Op.SUB, xf, _bcast(ctx, mean, xf))
-    var = ctx.op(Op.DIV, reduce(ctx, Op.REDUCE_SUM, ctx.op(Op.MUL, xc, xc), axes, True), count)
-    rstd = ctx.op(Op.RSQRT, ctx.op(Op.ADD, var, ctx.full(eps, stat_shape, DType.F32)))
-    y = ctx.op(Op.MUL, xc, _bcast(ctx, rstd, xf))
-    if weight is not None:
-        y = ctx.op(Op.MUL, y, ctx.broadcast_to(ctx.cast(weight, DType.F32), y.type.shape))
-    if bias is not None:
-        y = ctx.op(Op.ADD, y, ctx.broadcast_to(ctx.cast(bias, DType.F32), y.type.shape))
-    out_t, mean_t, rstd_t = ctx.out_type(0), ctx.out_type(1), ctx.out_type(2)
-    return (
-        ctx.cast(y, out_t.dtype),
-        ctx.reshape(ctx.cast(mean, mean_t.dtype), mean_t.shape),
-        ctx.reshape(ctx.cast(rstd, rstd_t.dtype), rstd_t.shape),
-    )
-
-
 # -- constants --------------------------------------------------------------------------------
 
 
@@ -326,6 +294,8 @@ def lower_layer_norm(ctx: LowerCtx, x: Value, normalized_shape, weight, bias, ep
     aten.scalar_tensor.default,
     aten.empty_strided.default,
     aten.empty_permuted.default,
+    aten.new_empty_strided.default,
+    aten._efficientzerotensor.default,
 )
 def lower_full(ctx: LowerCtx, *args, **kwargs) -> Value:
     # Which argument holds the fill value depends on the op; `empty*` fill with 0 (any value
@@ -374,7 +344,7 @@ def lower_cumsum(ctx: LowerCtx, x: Value, dim: int, dtype=None) -> Value:
     k = 1
     while k < n:
         pad_shape = [k if d == dim else s for d, s in enumerate(y.type.shape)]
-        head = _slice(ctx, y, dim, 0, n - k, 1)
+        head = slice_axis(ctx, y, dim, 0, n - k, 1)
         shifted = ctx.op(Op.CONCAT, ctx.full(0, pad_shape, out.dtype), head, axis=dim)
         y = ctx.op(Op.ADD, y, shifted)
         k *= 2
@@ -419,7 +389,7 @@ def lower_constant_pad(ctx: LowerCtx, x: Value, pad, value=0) -> Value:
         dim = x.type.rank - 1 - i
         before, after = pad[2 * i], pad[2 * i + 1]
         size = y.type.shape[dim]
-        y = _slice(ctx, y, dim, max(0, -before), size - max(0, -after), 1)
+        y = slice_axis(ctx, y, dim, max(0, -before), size - max(0, -after), 1)
         parts = []
         for width in (before, None, after):
             if width is None:
@@ -439,7 +409,7 @@ def lower_slice_scatter(ctx: LowerCtx, x: Value, src: Value, dim: int = 0, start
     size = x.type.shape[dim]
     r = range(size)[slice(start, end, 1)]
     lo, hi = r.start, r.start + len(r)
-    parts = [p for p in (_slice(ctx, x, dim, 0, lo, 1), ctx.cast(src, x.type.dtype), _slice(ctx, x, dim, hi, size, 1)) if p.type.shape[dim]]
+    parts = [p for p in (slice_axis(ctx, x, dim, 0, lo, 1), ctx.cast(src, x.type.dtype), slice_axis(ctx, x, dim, hi, size, 1)) if p.type.shape[dim]]
     return parts[0] if len(parts) == 1 else ctx.op(Op.CONCAT, *parts, axis=dim)
 
 
@@ -460,65 +430,10 @@ def lower_cumprod(ctx: LowerCtx, x: Value, dim: int, dtype=None) -> Value:
     n, k = y.type.shape[dim], 1
     while k < n:
         pad_shape = [k if d == dim else s for d, s in enumerate(y.type.shape)]
-        shifted = ctx.op(Op.CONCAT, ctx.full(1, pad_shape, out.dtype), _slice(ctx, y, dim, 0, n - k, 1), axis=dim)
+        shifted = ctx.op(Op.CONCAT, ctx.full(1, pad_shape, out.dtype), slice_axis(ctx, y, dim, 0, n - k, 1), axis=dim)
         y = ctx.op(Op.MUL, y, shifted)
         k *= 2
     return y
-
-
-def _variance(ctx: LowerCtx, x: Value, dims, correction, keepdim: bool) -> tuple[Value, Value]:
-    """(var, mean) over dims, divided by N - correction, computed in fp32."""
-    xf = ctx.cast(x, DType.F32)
-    n = _reduced_count(x, dims)
-    mean_k = ctx.op(Op.DIV, reduce(ctx, Op.REDUCE_SUM, xf, dims, True), ctx.full(n, _kept_shape(x, dims), DType.F32))
-    xc = ctx.op(Op.SUB, xf, _bcast(ctx, mean_k, xf))
-    ss = reduce(ctx, Op.REDUCE_SUM, ctx.op(Op.MUL, xc, xc), dims, keepdim)
-    denom = max(n - (1 if correction is None else correction), 0)
-    var = ctx.op(Op.DIV, ss, ctx.full(denom, ss.type.shape, DType.F32))
-    mean = mean_k if keepdim else ctx.reshape(mean_k, var.type.shape)
-    return var, mean
-
-
-def _kept_shape(x: Value, dims) -> list[int]:
-    rank = x.type.rank
-    axes = {norm_dim(d, rank) for d in dims} if dims else set(range(rank))
-    return [1 if d in axes else s for d, s in enumerate(x.type.shape)]
-
-
-@register_lowering(aten.var.correction)
-def lower_var(ctx: LowerCtx, x: Value, dims=None, *, correction=None, keepdim: bool = False) -> Value:
-    return ctx.cast(_variance(ctx, x, dims, correction, keepdim)[0], ctx.out_dtype)
-
-
-@register_lowering(aten.std.correction)
-def lower_std(ctx: LowerCtx, x: Value, dims=None, *, correction=None, keepdim: bool = False) -> Value:
-    return ctx.cast(ctx.op(Op.SQRT, _variance(ctx, x, dims, correction, keepdim)[0]), ctx.out_dtype)
-
-
-@register_lowering(aten.var_mean.correction)
-def lower_var_mean(ctx: LowerCtx, x: Value, dims=None, *, correction=None, keepdim: bool = False):
-    var, mean = _variance(ctx, x, dims, correction, keepdim)
-    return ctx.cast(var, ctx.out_type(0).dtype), ctx.cast(mean, ctx.out_type(1).dtype)
-
-
-@register_lowering(aten.linalg_vector_norm.default)
-def lower_vector_norm(ctx: LowerCtx, x: Value, ord=2, dim=None, keepdim: bool = False, *, dtype=None) -> Value:
-    out = ctx.out_type()
-    a = ctx.op(Op.ABS, ctx.cast(x, out.dtype))
-    if ord == float("inf"):
-        return reduce(ctx, Op.REDUCE_MAX, a, dim, keepdim)
-    if ord == float("-inf"):
-        return reduce(ctx, Op.REDUCE_MIN, a, dim, keepdim)
-    if ord == 0:
-        nz = ctx.cast(ctx.op(Op.NE, a, ctx.full(0, a.type.shape, out.dtype)), out.dtype)
-        return reduce(ctx, Op.REDUCE_SUM, nz, dim, keepdim)
-    if ord == 1:
-        return reduce(ctx, Op.REDUCE_SUM, a, dim, keepdim)
-    if ord == 2:
-        return ctx.op(Op.SQRT, reduce(ctx, Op.REDUCE_SUM, ctx.op(Op.MUL, a, a), dim, keepdim))
-    powered = ctx.op(Op.POW, a, ctx.full(ord, a.type.shape, out.dtype))
-    s = reduce(ctx, Op.REDUCE_SUM, powered, dim, keepdim)
-    return ctx.op(Op.POW, s, ctx.full(1.0 / ord, s.type.shape, out.dtype))
 
 
 def _diagonal_mask(ctx: LowerCtx, n1: int, n2: int, offset: int) -> Value:
@@ -542,9 +457,9 @@ def lower_diagonal(ctx: LowerCtx, x: Value, offset: int = 0, dim1: int = 0, dim2
     mask = ctx.broadcast_to(_diagonal_mask(ctx, n1, n2, offset), t.type.shape)
     picked = ctx.op(Op.WHERE, mask, t, ctx.full(0, t.type.shape, t.type.dtype))
     if offset >= 0:
-        rows = _slice(ctx, picked, t.type.rank - 2, 0, max(0, min(n1, n2 - offset)), 1)
+        rows = slice_axis(ctx, picked, t.type.rank - 2, 0, max(0, min(n1, n2 - offset)), 1)
     else:
-        rows = _slice(ctx, picked, t.type.rank - 2, -offset, n1, 1)
+        rows = slice_axis(ctx, picked, t.type.rank - 2, -offset, n1, 1)
     return ctx.reshape(reduce(ctx, Op.REDUCE_SUM, rows, [-1], False), ctx.out_type().shape)
 
 
@@ -599,6 +514,24 @@ def lower_dot(ctx: LowerCtx, a: Value, b: Value) -> Value:
 def lower_addmv(ctx: LowerCtx, bias: Value, a: Value, v: Value, beta=1, alpha=1) -> Value:
     out = ctx.out_type()
     prod = lower_mv(ctx, a, v)
+    if alpha != 1:
+        prod = ctx.op(Op.MUL, prod, ctx.full(alpha, out.shape, out.dtype))
+    if beta == 0:
+        return prod
+    bias = ctx.tensor(bias, out.dtype, out.shape)
+    if beta != 1:
+        bias = ctx.op(Op.MUL, bias, ctx.full(beta, out.shape, out.dtype))
+    return ctx.op(Op.ADD, prod, bias)
+
+
+@register_lowering(aten.addbmm.default)
+def lower_addbmm(ctx: LowerCtx, bias: Value, a: Value, b: Value, beta=1, alpha=1) -> Value:
+    """bias * beta + alpha * sum_i a[i] @ b[i]: the batch folds into the contraction."""
+    out = ctx.out_type()
+    nb, m, k = a.type.shape
+    n = b.type.shape[-1]
+    a2 = ctx.reshape(ctx.transpose(a, [1, 0, 2]), [m, nb * k])
+    prod = ctx.op(Op.MATMUL, a2, ctx.reshape(b, [nb * k, n]))
     if alpha != 1:
         prod = ctx.op(Op.MUL, prod, ctx.full(alpha, out.shape, out.dtype))
     if beta == 0:

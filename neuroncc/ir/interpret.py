@@ -101,6 +101,11 @@ _BY_OP: dict[Op, Callable[..., np.ndarray]] = {
     Op.BROADCAST: lambda n, x: np.broadcast_to(x, n.attr("shape")),
     Op.SLICE: _slice,
     Op.REVERSE: lambda n, x: np.flip(x, n.attr("axes")),
+    Op.STRIDED: lambda n, x: np.lib.stride_tricks.as_strided(
+        x.reshape(-1)[n.attr("offset") :],
+        n.attr("shape"),
+        [s * x.itemsize for s in n.attr("strides")],
+    ),
     Op.CONCAT: lambda n, *xs: np.concatenate(xs, axis=n.attr("axis")),
     Op.FULL: lambda n: np.full(n.attr("shape"), n.attr("value")),
     Op.IOTA: _iota,

@@ -127,6 +127,7 @@ BINARY: dict = {
         "fmax": np.fmax,
         "fmin": np.fmin,
         "logaddexp": np.logaddexp,
+        "nextafter": np.nextafter,
         "and": np.logical_and,
         "or": np.logical_or,
         "eq": np.equal,

@@ -105,6 +105,7 @@ class Op(enum.Enum):
     FMAX = "fmax"
     FMIN = "fmin"
     LOGADDEXP = "logaddexp"
+    NEXTAFTER = "nextafter"
     # comparisons
     EQ = "eq"
     NE = "ne"
@@ -124,6 +125,7 @@ class Op(enum.Enum):
     BROADCAST = "broadcast"
     SLICE = "slice"
     REVERSE = "reverse"
+    STRIDED = "strided"
     CONCAT = "concat"
     TAKE = "take"
     PUT = "put"
@@ -205,6 +207,7 @@ OP_TABLE: dict[Op, OpInfo] = {
     Op.FMAX: _binary(),
     Op.FMIN: _binary(),
     Op.LOGADDEXP: _binary(),
+    Op.NEXTAFTER: _binary(),
     Op.EQ: _compare(),
     Op.NE: _compare(),
     Op.LT: _compare(),
@@ -229,6 +232,9 @@ OP_TABLE: dict[Op, OpInfo] = {
         {"starts": "ints", "stops": "ints", "steps": "ints"},
     ),
     Op.REVERSE: OpInfo(Kind.MOVEMENT, 1, R.reverse, Engine.DMA, {"axes": "ints"}),
+    Op.STRIDED: OpInfo(
+        Kind.MOVEMENT, 1, R.strided, Engine.DMA, {"shape": "ints", "strides": "ints", "offset": "int"}
+    ),
     Op.CONCAT: OpInfo(Kind.MOVEMENT, -1, R.concat, Engine.DMA, {"axis": "int"}),
     Op.TAKE: OpInfo(Kind.INDEX, 2, R.take, Engine.DMA),
     Op.PUT: OpInfo(Kind.INDEX, 3, R.put, Engine.DMA, {"accumulate": "bool"}),

@@ -128,6 +128,18 @@ def reverse(ins: Sequence[TensorType], attrs: Mapping[str, Any]) -> TensorType:
     return t
 
 
+def strided(ins: Sequence[TensorType], attrs: Mapping[str, Any]) -> TensorType:
+    """A view of the input's row-major elements: element i of the result is input element
+    offset + sum(i_k * strides[k]) (as torch.as_strided on a contiguous tensor)."""
+    (t,) = ins
+    shape, strides, offset = tuple(attrs["shape"]), tuple(attrs["strides"]), attrs["offset"]
+    if len(shape) != len(strides) or any(s < 0 for s in strides) or offset < 0:
+        raise ShapeError(f"strided view needs one non-negative stride per axis, got {list(strides)}")
+    if math.prod(shape) and offset + sum((n - 1) * s for n, s in zip(shape, strides, strict=True)) >= t.numel:
+        raise ShapeError(f"strided view {list(shape)}/{list(strides)}+{offset} reads outside {t}")
+    return TensorType(shape, t.dtype)
+
+
 def concat(ins: Sequence[TensorType], attrs: Mapping[str, Any]) -> TensorType:
     axis = attrs["axis"]
     first = ins[0]

@@ -116,7 +116,8 @@ def test_movement_ops():
     c = b.op(Op.CONCAT, x, x, b.op(Op.FULL, shape=[6, 130, 1], value=2.0, dtype=DType.F32), axis=2)
     r = b.op(Op.BROADCAST, b.op(Op.RESHAPE, b.op(Op.REDUCE_SUM, x, axes=[2], keepdim=True), shape=[6, 130, 1]), shape=[6, 130, 4])
     v = b.op(Op.REVERSE, x, axes=[0, 2])
-    check(b.build([t, s, c, r, v]))
+    w = b.op(Op.STRIDED, x, shape=[5, 3, 4], strides=[130, 7, 1], offset=2)  # overlapping windows
+    check(b.build([t, s, c, r, v, w]))
 
 
 @given(st.integers(1, 300), st.integers(1, 40), st.integers(1, 2100))

@@ -235,6 +235,24 @@ def test_bf16_model_runs(fresh):
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
 
 
+def test_batch_norm_training_updates_running_stats(fresh):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+    twin = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+    twin.load_state_dict(model.state_dict())
+    x = torch.randn(16, 6)
+    want = twin(x)
+    want.sum().backward()
+    got = torch.compile(model, backend="neuron")(x)
+    torch.testing.assert_close(got, want, **TOL)
+    got.sum().backward()
+    bn, bn_twin = model[1], twin[1]
+    torch.testing.assert_close(bn.running_mean, bn_twin.running_mean, **TOL)  # input mutation
+    torch.testing.assert_close(bn.running_var, bn_twin.running_var, **TOL)
+    torch.testing.assert_close(model[0].weight.grad, twin[0].weight.grad, **TOL)
+    assert neuroncc.stats()["fallback_nodes"] == {}
+
+
 def test_bf16_transformer_forward_and_backward(fresh):
     torch.manual_seed(0)
     model = TinyGPT(SMALL).to(torch.bfloat16)

@@ -127,6 +127,25 @@ CASES = {
     ),
     "diagonal": (lambda x: (x.diagonal(), x.diagonal(1), x.diagonal(-1, 1, 2), torch.diagonal_scatter(x[0], x[1, :4, 0] * 0 + 5), torch.diagonal_scatter(x[0], x[1, :3, 1], -1)), [f32(3, 4, 5)], True),
     "repeat_mv": (lambda x, v: (x.repeat(2, 1, 3), x @ v, torch.dot(v, v), torch.addmv(v[:3], x, v)), [f32(3, 4), f32(4)], True),
+    "conv": (
+        lambda x, w, b, w1, x1: (F.conv2d(x, w, b, stride=2, padding=1), F.conv2d(x, w[:, :2], None, dilation=2, groups=2),
+                                 F.conv1d(x1, w1, padding=2)),
+        [f32(2, 4, 9, 8), f32(6, 4, 3, 3), f32(6), f32(5, 3, 4), f32(2, 3, 11)],
+        False,
+    ),
+    "group_norm": (lambda x, w, b: F.group_norm(x, 2, w, b), [f32(2, 4, 3, 5), f32(4), f32(4)], True),
+    "batch_norm_eval": (lambda x, m, v, w, b: F.batch_norm(x, m, v.abs() + 0.5, w, b), [f32(3, 4, 5), f32(4), f32(4), f32(4), f32(4)], False),
+    "misc_math": (
+        lambda a, b: (torch.logical_xor(a > 0, b), a.signbit(), torch.ldexp(a, b.round()), torch.nextafter(a, b)),
+        [f32(5), f32(5)],
+        False,
+    ),
+    "unfold_narrow": (lambda x: (x.unfold(1, 3, 2), x.narrow_copy(0, 1, 2)), [f32(3, 8)], True),
+    "addbmm_put": (
+        lambda b, x, y, t, i: (torch.addbmm(b, x, y), t.put(i, t[:3] * 2), t.put(i, t[:3], accumulate=True)),
+        [f32(3, 4), f32(2, 3, 5), f32(2, 5, 4), f32(7), lambda: torch.tensor([5, -1, 0])],
+        True,
+    ),
     "attention": (
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
         [f32(2, 2, 8, 4), f32(2, 2, 8, 4), f32(2, 2, 8, 4)],
