@@ -17,7 +17,7 @@ from neuroncc.frontend.lower_tensor import reduce
 from neuroncc.frontend.registry import LowerCtx, norm_dim, register_lowering
 from neuroncc.ir.graph import Value
 from neuroncc.ir.ops import Op
-from neuroncc.ir.types import DType
+from neuroncc.ir.types import DType, contiguous_strides
 
 aten = torch.ops.aten
 
@@ -44,35 +44,20 @@ def lower_index_select(ctx: LowerCtx, x: Value, dim: int, index: Value) -> Value
     return ctx.transpose(rows, inverse)
 
 
-def _move_last(ctx: LowerCtx, x: Value, dim: int) -> Value:
-    rank = x.type.rank
-    return ctx.transpose(x, [d for d in range(rank) if d != dim] + [dim])
-
-
-def _move_back(ctx: LowerCtx, x: Value, dim: int) -> Value:
-    rank = x.type.rank
-    perm = list(range(rank - 1))
-    perm.insert(dim, rank - 1)
-    return ctx.transpose(x, perm)
-
-
-def _flat_positions(ctx: LowerCtx, index: Value, dim: int, size: int) -> Value:
-    """For index moved to [R..., k]: the flat offset r * size + index[r, j] of every entry in
-    the matching [R..., size] tensor, as i64[R * k]."""
-    idx_t = ctx.cast(_move_last(ctx, index, dim), DType.I64)
-    shape = idx_t.type.shape
-    rows = math.prod(shape[:-1])
-    base = ctx.op(Op.IOTA, n=rows, start=0, step=size, dtype=DType.I64)
-    base = ctx.broadcast_to(ctx.reshape(base, [*shape[:-1], 1]), shape)
-    return ctx.reshape(ctx.op(Op.ADD, base, idx_t), [idx_t.type.numel])
-
-
-def _fit(ctx: LowerCtx, x: Value, dim: int, index: Value) -> Value:
-    """x restricted to index's extent on every axis but dim (torch.gather/scatter semantics)."""
-    stops = [x.type.shape[d] if d == dim else index.type.shape[d] for d in range(x.type.rank)]
-    if stops == list(x.type.shape):
-        return x
-    return ctx.op(Op.SLICE, x, starts=[0] * x.type.rank, stops=stops, steps=[1] * x.type.rank)
+def _flat_positions(ctx: LowerCtx, x: Value, index: Value, dim: int) -> Value:
+    """i64[index.numel]: for every entry of index, the row-major offset into x of the element it
+    addresses along dim (other axes keep the entry's own coordinates, as torch.gather does)."""
+    shape = index.type.shape
+    strides = contiguous_strides(x.type.shape)
+    idx = ctx.cast(_wrap_negative(ctx, index, x.type.shape[dim]), DType.I64)
+    off = ctx.op(Op.MUL, idx, ctx.full(strides[dim], shape, DType.I64))
+    for d, n in enumerate(shape):
+        if d == dim or n == 1:
+            continue
+        coord = ctx.op(Op.IOTA, n=n, start=0, step=strides[d], dtype=DType.I64)
+        coord = ctx.broadcast_to(ctx.reshape(coord, [n if a == d else 1 for a in range(len(shape))]), shape)
+        off = ctx.op(Op.ADD, off, coord)
+    return ctx.reshape(off, [index.type.numel])
 
 
 @register_lowering(aten.gather.default)
@@ -81,23 +66,19 @@ def lower_gather(ctx: LowerCtx, x: Value, dim: int, index: Value, sparse_grad: b
     if x.type.rank == 0:
         return x
     dim = norm_dim(dim, x.type.rank)
-    x_t = _move_last(ctx, _fit(ctx, x, dim, index), dim)  # [R..., size]
-    table = ctx.reshape(x_t, [x_t.type.numel, 1])
-    flat = _flat_positions(ctx, index, dim, x.type.shape[dim])
-    taken = ctx.op(Op.TAKE, table, flat)
-    return _move_back(ctx, ctx.reshape(taken, _move_last(ctx, index, dim).type.shape), dim)
+    table = ctx.reshape(x, [x.type.numel, 1])
+    taken = ctx.op(Op.TAKE, table, _flat_positions(ctx, x, index, dim))
+    return ctx.reshape(taken, index.type.shape)
 
 
 def _scatter(ctx: LowerCtx, x: Value, dim: int, index: Value, src: Value, accumulate: bool) -> Value:
     """x with src's entries written (or added) at index along dim: an indirect DMA scatter."""
-    if any(index.type.shape[d] != x.type.shape[d] for d in range(x.type.rank) if d != dim):
-        raise ctx.unsupported("scatter with an index smaller than self off the scatter dim")
-    x_t = _move_last(ctx, x, dim)
-    table = ctx.reshape(x_t, [x_t.type.numel, 1])
-    flat = _flat_positions(ctx, index, dim, x.type.shape[dim])
-    rows = ctx.reshape(_move_last(ctx, src, dim), [flat.type.numel, 1])
-    out = ctx.op(Op.PUT, table, flat, rows, accumulate=accumulate)
-    return _move_back(ctx, ctx.reshape(out, x_t.type.shape), dim)
+    if x.type.rank == 0:
+        x, index, src = (ctx.reshape(v, [1]) for v in (x, index, src))
+    table = ctx.reshape(x, [x.type.numel, 1])
+    flat = _flat_positions(ctx, x, index, dim)
+    rows = ctx.reshape(src, [flat.type.numel, 1])
+    return ctx.reshape(ctx.op(Op.PUT, table, flat, rows, accumulate=accumulate), ctx.out_type().shape)
 
 
 def _src_like(ctx: LowerCtx, src: Value, index: Value, x: Value) -> Value:

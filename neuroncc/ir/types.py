@@ -22,6 +22,9 @@ class DType(enum.Enum):
     F16 = "f16"
     I64 = "i64"
     I32 = "i32"
+    I16 = "i16"
+    I8 = "i8"
+    U8 = "u8"
     BOOL = "bool"
 
     @property
@@ -42,7 +45,7 @@ class DType(enum.Enum):
 
     @property
     def is_int(self) -> bool:
-        return self in (DType.I64, DType.I32)
+        return self in (DType.I64, DType.I32, DType.I16, DType.I8, DType.U8)
 
     @staticmethod
     def from_torch(dt: torch.dtype) -> DType:
@@ -66,6 +69,9 @@ _NUMPY = {
     DType.F16: np.dtype(np.float16),
     DType.I64: np.dtype(np.int64),
     DType.I32: np.dtype(np.int32),
+    DType.I16: np.dtype(np.int16),
+    DType.I8: np.dtype(np.int8),
+    DType.U8: np.dtype(np.uint8),
     DType.BOOL: np.dtype(np.bool_),
 }
 _TORCH = {
@@ -74,6 +80,9 @@ _TORCH = {
     DType.F16: torch.float16,
     DType.I64: torch.int64,
     DType.I32: torch.int32,
+    DType.I16: torch.int16,
+    DType.I8: torch.int8,
+    DType.U8: torch.uint8,
     DType.BOOL: torch.bool,
 }
 
