@@ -11,6 +11,10 @@ import math
 
 import torch
 from torch._decomp import core_aten_decompositions
+from torch._decomp import decomposition_table as decomposition_table_torch
+
+from neuroncc.frontend import fx_import  # noqa: F401  (fills LOWERINGS)
+from neuroncc.frontend.registry import LOWERINGS
 
 aten = torch.ops.aten
 
@@ -64,7 +68,79 @@ def _sum_heads(t, groups: int):
     return t.reshape(*batch, heads // groups, groups, n, e).sum(-3)
 
 
-DECOMPOSITIONS = {
-    **core_aten_decompositions(),
-    aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _flash_attention_cpu_backward,
-}
+def _conv_windows(xp, n, out_sp, cg, kernel, stride, dilation, offset):
+    """The [N, *out, Cg, *kernel] windows of a contiguous padded input, as a strided view."""
+    st = xp.stride()
+    k = len(kernel)
+    return xp.as_strided(
+        (n, *out_sp, cg, *kernel),
+        (st[0], *(stride[d] * st[2 + d] for d in range(k)), st[1], *(dilation[d] * st[2 + d] for d in range(k))),
+        offset,
+    )
+
+
+def _convolution_backward(
+    grad_out, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask
+):
+    """The gradients of im2col convolution: weight = grad_out^T @ windows; input = grad_out @ w
+    scattered back into the windows (index_add) and cropped; bias = sum of grad_out."""
+    if transposed:
+        return NotImplemented
+    k = x.dim() - 2
+    n, c, o = x.shape[0], x.shape[1], w.shape[0]
+    kernel = list(w.shape[2:])
+    pad = [p for q in reversed(padding) for p in (q, q)]
+    xp = torch.nn.functional.pad(x, pad).contiguous()
+    out_sp = list(grad_out.shape[2:])
+    cg, og = c // groups, o // groups
+    rows, width = n * math.prod(out_sp), cg * math.prod(kernel)
+    positions = _conv_windows(
+        torch.arange(xp.numel(), device=x.device).view(xp.shape), n, out_sp, cg, kernel, stride, dilation, 0
+    )
+    grad_w, grad_xp = [], torch.zeros(xp.numel(), dtype=x.dtype, device=x.device)
+    for g in range(groups):
+        go = grad_out[:, g * og : (g + 1) * og].movedim(1, -1).reshape(rows, og)
+        cols = _conv_windows(xp, n, out_sp, cg, kernel, stride, dilation, g * cg * xp.stride(1))
+        grad_w.append((go.t() @ cols.reshape(rows, width)).reshape(og, cg, *kernel))
+        wg = w[g * og : (g + 1) * og].reshape(og, width)
+        idx = (positions + g * cg * xp.stride(1)).reshape(-1)
+        grad_xp = grad_xp.index_add(0, idx, (go @ wg).reshape(-1))
+    grad_xp = grad_xp.view(xp.shape)
+    crop = [slice(None), slice(None)] + [slice(p, p + x.shape[2 + d]) for d, p in enumerate(padding)]
+    grad_x = grad_xp[tuple(crop)] if output_mask[0] else None
+    grad_b = grad_out.sum([0, *range(2, k + 2)]) if output_mask[2] else None
+    return grad_x, torch.cat(grad_w, 0) if output_mask[1] else None, grad_b
+
+
+# Ops neuroncc has no lowering for, rewritten by PyTorch's own (global, backend-neutral)
+# decompositions into ops it lowers: pooling, as_strided_scatter, erfinv, frexp, ...
+_PYTORCH_EXTRAS = [
+    aten._adaptive_avg_pool2d.default,
+    aten.adaptive_max_pool2d.default,
+    aten.max_pool2d_with_indices.default,
+    aten.max_pool2d_with_indices_backward.default,
+    aten.max_pool3d_with_indices.default,
+    aten.as_strided_scatter.default,
+    aten.as_strided_copy.default,
+    aten.unbind_copy.int,
+    aten.dist.default,
+    aten.erfinv.default,
+    aten.frexp.Tensor,
+    aten.bucketize.Tensor,
+    aten.aminmax.default,
+    aten.im2col.default,
+    aten.col2im.default,
+]
+
+
+def decomposition_table() -> dict:
+    table = dict(core_aten_decompositions())
+    for op in _PYTORCH_EXTRAS:
+        if op in decomposition_table_torch and op not in LOWERINGS:
+            table[op] = decomposition_table_torch[op]
+    table[aten._scaled_dot_product_flash_attention_for_cpu_backward.default] = _flash_attention_cpu_backward
+    table[aten.convolution_backward.default] = _convolution_backward
+    return table
+
+
+DECOMPOSITIONS = decomposition_table()

@@ -119,6 +119,16 @@ def lower_unfold(ctx: LowerCtx, x: Value, dim: int, size: int, step: int) -> Val
     return ctx.op(Op.STRIDED, x, shape=shape, strides=strides, offset=0)
 
 
+@register_lowering(aten.as_strided.default)
+def lower_as_strided(ctx: LowerCtx, x: Value, size, stride, storage_offset=None) -> Value:
+    """as_strided addresses storage; the IR addresses row-major values. They agree when the
+    input is contiguous with storage offset 0, which the FX metadata tells."""
+    meta = ctx.node.args[0].meta.get("val")
+    if meta is None or not meta.is_contiguous() or meta.storage_offset() != 0:
+        raise ctx.unsupported("as_strided of a tensor that is not contiguous from offset 0")
+    return ctx.op(Op.STRIDED, x, shape=list(size), strides=list(stride), offset=storage_offset or 0)
+
+
 @register_lowering(aten.slice.Tensor)
 def lower_slice(ctx: LowerCtx, x: Value, dim: int = 0, start=None, end=None, step: int = 1) -> Value:
     return slice_axis(ctx, x, norm_dim(dim, x.type.rank), start, end, step)

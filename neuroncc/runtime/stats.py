@@ -25,7 +25,6 @@ _COUNTERS = (
 class Stats:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._warned: set[str] = set()  # ops warned about; per process, survives reset()
         self.reset()
 
     def reset(self) -> None:
@@ -33,6 +32,7 @@ class Stats:
             self._values: dict[str, float] = dict.fromkeys(_COUNTERS, 0)
             self._fallback: Counter[str] = Counter()
             self._engine_busy: Counter[str] = Counter()
+            self._warned: set[str] = set()  # ops warned about since the last reset
 
     def add(self, key: str, amount: float = 1) -> None:
         if key not in self._values:
@@ -46,7 +46,7 @@ class Stats:
                 self._engine_busy[engine] += ns * 1e-9
 
     def add_fallback(self, op: str) -> bool:
-        """Count one node of `op` that runs eagerly; True the first time the process sees op."""
+        """Count one node of `op` that runs eagerly; True the first time since the last reset."""
         with self._lock:
             self._fallback[op] += 1
             first = op not in self._warned

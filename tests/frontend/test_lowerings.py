@@ -133,8 +133,10 @@ CASES = {
         lambda x, w, b, w1, x1: (F.conv2d(x, w, b, stride=2, padding=1), F.conv2d(x, w[:, :2], None, dilation=2, groups=2),
                                  F.conv1d(x1, w1, padding=2)),
         [f32(2, 4, 9, 8), f32(6, 4, 3, 3), f32(6), f32(5, 3, 4), f32(2, 3, 11)],
-        False,
+        True,
     ),
+    "max_pool": (lambda x: (F.max_pool2d(x, 2), F.max_pool2d(x, 3, 2, 1)), [f32(2, 3, 8, 7)], True),
+    "adaptive_avg_pool": (lambda x: F.adaptive_avg_pool2d(x, 3), [f32(2, 3, 8, 7)], False),
     "group_norm": (lambda x, w, b: F.group_norm(x, 2, w, b), [f32(2, 4, 3, 5), f32(4), f32(4)], True),
     "batch_norm_eval": (lambda x, m, v, w, b: F.batch_norm(x, m, v.abs() + 0.5, w, b), [f32(3, 4, 5), f32(4), f32(4), f32(4), f32(4)], False),
     "misc_math": (
