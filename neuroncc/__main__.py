@@ -43,7 +43,10 @@ def _engine_table(stats: dict, title: str) -> str:
         else:
             name = {"pe": "TensorE", "act": "ScalarE", "dve": "VectorE", "pool": "GpSimdE"}[engine]
             groups[name] += busy
-    lines = [f"{title}: simulated device time {device * 1e6:.1f} us", f"  {'engine':<18}{'busy us':>10}{'util':>8}"]
+    lines = [
+        f"{title}: simulated device time {device * 1e6:.1f} us",
+        f"  {'engine':<18}{'busy us':>10}{'util':>8}",
+    ]
     for name in ("TensorE", "VectorE", "ScalarE", "GpSimdE", "DMA (16 queues)"):
         busy = groups.get(name, 0.0)
         lanes = 16 if name.startswith("DMA") else 1
@@ -66,8 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     model = TinyGPT(cfg)
     idx, targets = example_batch(cfg, args.batch)
-    print(f"TinyGPT: {args.layers} layers, dim {args.dim}, seq {args.seq}, batch {args.batch}, "
-          f"target {args.target}, opt_level {args.opt_level}")
+    print(
+        f"TinyGPT: {args.layers} layers, dim {args.dim}, seq {args.seq}, batch {args.batch}, "
+        f"target {args.target}, opt_level {args.opt_level}"
+    )
 
     start = time.perf_counter()
     ref_logits, ref_loss = model(idx, targets)
@@ -76,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     ref_grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
 
-    compiled = torch.compile(model, backend="neuron", options={"target": args.target, "opt_level": args.opt_level})
+    compiled = torch.compile(
+        model, backend="neuron", options={"target": args.target, "opt_level": args.opt_level}
+    )
     neuroncc.reset_stats()
     start = time.perf_counter()
     logits, loss = compiled(idx, targets)
@@ -101,10 +108,15 @@ def main(argv: list[str] | None = None) -> int:
     }
     ok = all(d <= TOL for d in diffs.values())
     print(f"loss {loss.item():.6f} (eager {ref_loss.item():.6f})")
-    print("max |compiled - eager|: " + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items())
-          + f"  -> {'MATCH' if ok else 'MISMATCH'} (tolerance {TOL:g})")
-    print(f"wall time: compile + first call {first_s:.2f} s ({compile_stats['compiles']} graphs compiled), "
-          f"simulated forward {run_s * 1e3:.1f} ms, eager forward {eager_s * 1e3:.1f} ms")
+    print(
+        "max |compiled - eager|: "
+        + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items())
+        + f"  -> {'MATCH' if ok else 'MISMATCH'} (tolerance {TOL:g})"
+    )
+    print(
+        f"wall time: compile + first call {first_s:.2f} s ({compile_stats['compiles']} graphs compiled), "
+        f"simulated forward {run_s * 1e3:.1f} ms, eager forward {eager_s * 1e3:.1f} ms"
+    )
     print(_engine_table(fwd, "forward"))
     print(_engine_table(bwd, "backward"))
     return 0 if ok else 1

@@ -78,7 +78,9 @@ class TinyGPT(nn.Module):
         return logits, loss
 
 
-def example_batch(cfg: GPTConfig, batch: int = 2, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def example_batch(
+    cfg: GPTConfig, batch: int = 2, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     idx = torch.randint(0, cfg.vocab, (batch, cfg.seq), generator=g)
     targets = torch.randint(0, cfg.vocab, (batch, cfg.seq), generator=g)

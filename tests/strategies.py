@@ -22,7 +22,9 @@ def graphs(draw, max_nodes: int = 8):
     vals = [b.input(TensorType(shape, DType.F32)) for _ in range(draw(st.integers(1, 3)))]
     for _ in range(draw(st.integers(1, max_nodes))):
         same = [v for v in vals if v.type.shape == shape and v.type.dtype == DType.F32]
-        choice = draw(st.sampled_from(["unary", "binary", "where", "transpose", "reduce", "full", "cast"]))
+        choice = draw(
+            st.sampled_from(["unary", "binary", "where", "transpose", "reduce", "full", "cast"])
+        )
         x = draw(st.sampled_from(same))
         if choice == "unary":
             vals.append(b.op(draw(st.sampled_from(FLOAT_UNARY)), x))

@@ -30,8 +30,21 @@ import torch.utils._pytree as pytree
 import neuroncc
 
 RANDOM_OR_UNINITIALISED = (
-    "bernoulli", "normal", "rand", "randn", "randint", "uniform", "multinomial", "dropout",
-    "rrelu", "empty", "new_empty", "cauchy", "exponential", "geometric", "log_normal",
+    "bernoulli",
+    "normal",
+    "rand",
+    "randn",
+    "randint",
+    "uniform",
+    "multinomial",
+    "dropout",
+    "rrelu",
+    "empty",
+    "new_empty",
+    "cauchy",
+    "exponential",
+    "geometric",
+    "log_normal",
     # Scatters whose samples repeat indices: which write wins is unspecified (Inductor skips
     # them for the same reason).
     "max_unpool",
@@ -40,9 +53,28 @@ TOL = {"rtol": 1e-4, "atol": 1e-5}
 # The families the issue allows to fall back: linear algebra, FFT and sparse.
 LINALG_FFT_SPARSE_PREFIXES = ("linalg.", "fft.", "sparse.", "to_sparse")
 LINALG_FFT_SPARSE = {
-    "cholesky", "cholesky_inverse", "cholesky_solve", "lu", "lu_solve", "lu_unpack", "svd",
-    "svd_lowrank", "pca_lowrank", "qr", "geqrf", "ormqr", "triangular_solve", "inverse", "det",
-    "logdet", "pinverse", "matrix_exp", "stft", "istft", "addmm.decomposed", "nn.functional.pdist",
+    "cholesky",
+    "cholesky_inverse",
+    "cholesky_solve",
+    "lu",
+    "lu_solve",
+    "lu_unpack",
+    "svd",
+    "svd_lowrank",
+    "pca_lowrank",
+    "qr",
+    "geqrf",
+    "ormqr",
+    "triangular_solve",
+    "inverse",
+    "det",
+    "logdet",
+    "pinverse",
+    "matrix_exp",
+    "stft",
+    "istft",
+    "addmm.decomposed",
+    "nn.functional.pdist",
 }
 
 
@@ -66,7 +98,12 @@ def _compare(got, want, metadata_only: bool) -> None:
     for g, w in zip(g_leaves, w_leaves, strict=True):
         if isinstance(w, torch.Tensor):
             if metadata_only:
-                assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape, g.dtype, w.dtype)
+                assert g.shape == w.shape and g.dtype == w.dtype, (
+                    g.shape,
+                    w.shape,
+                    g.dtype,
+                    w.dtype,
+                )
             else:
                 torch.testing.assert_close(g, w, **TOL, equal_nan=True)
         elif g != w and not (g != g and w != w):
@@ -75,7 +112,11 @@ def _compare(got, want, metadata_only: bool) -> None:
 
 def _grads(fn, tensors, out_fn):
     leaves = [t for t in tensors if t.is_floating_point() and t.requires_grad]
-    outs = [o for o in pytree.tree_leaves(out_fn()) if isinstance(o, torch.Tensor) and o.is_floating_point() and o.requires_grad]
+    outs = [
+        o
+        for o in pytree.tree_leaves(out_fn())
+        if isinstance(o, torch.Tensor) and o.is_floating_point() and o.requires_grad
+    ]
     if not leaves or not outs:
         return None
     gen = torch.Generator().manual_seed(0)
@@ -109,7 +150,11 @@ def run_sample(op, sample, grads: bool) -> tuple[str, list[str]]:
     if want_g is not None:
         got_g = _grads(compiled, inputs, lambda: got)
         if got_g is not None:
-            _compare([g for g in got_g if g is not None], [g for g in want_g if g is not None], _metadata_only(op.name))
+            _compare(
+                [g for g in got_g if g is not None],
+                [g for g in want_g if g is not None],
+                _metadata_only(op.name),
+            )
     stats = neuroncc.stats()
     fell_back = sorted(stats["fallback_nodes"])
     if stats["dynamo_graphs"] == 0:
@@ -130,7 +175,9 @@ def _first_line(e: Exception) -> str:
 
 def run_op(op, samples: int, grads: bool) -> Result:
     if torch.float32 not in op.supported_dtypes("cpu"):
-        return Result(op.full_name if hasattr(op, "full_name") else op.name, "skipped", detail="no float32")
+        return Result(
+            op.full_name if hasattr(op, "full_name") else op.name, "skipped", detail="no float32"
+        )
     name = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
     result = Result(name, "compiled")
     fallback: set[str] = set()
@@ -144,7 +191,9 @@ def run_op(op, samples: int, grads: bool) -> Result:
                 result.samples += 1
                 fallback.update(fell_back)
     except AssertionError as e:
-        return Result(name, "mismatch", result.samples, sorted(fallback), str(e).splitlines()[0][:300])
+        return Result(
+            name, "mismatch", result.samples, sorted(fallback), str(e).splitlines()[0][:300]
+        )
     except Exception as e:
         return Result(name, "error", result.samples, sorted(fallback), _first_line(e))
     if result.samples == 0:
@@ -164,7 +213,11 @@ def _alarm(signum, frame):
 
 
 def sweep(
-    names: list[str] | None = None, samples: int = 2, grads: bool = True, progress: bool = False, timeout: int = 60
+    names: list[str] | None = None,
+    samples: int = 2,
+    grads: bool = True,
+    progress: bool = False,
+    timeout: int = 60,
 ) -> list[Result]:
     from torch.testing._internal.common_methods_invocations import op_db
 
@@ -184,7 +237,10 @@ def sweep(
             signal.alarm(0)
         if progress:
             r = results[-1]
-            print(f"[{i + 1}/{len(ops)}] {r.op:<40} {r.status:<9} {time.perf_counter() - start:5.1f}s {r.detail[:80]}", file=sys.stderr)
+            print(
+                f"[{i + 1}/{len(ops)}] {r.op:<40} {r.status:<9} {time.perf_counter() - start:5.1f}s {r.detail[:80]}",
+                file=sys.stderr,
+            )
     return results
 
 
@@ -194,7 +250,9 @@ def allowed_to_fall_back(name: str) -> bool:
 
 def summary(results: list[Result]) -> dict[str, float]:
     tested = [r for r in results if r.status != "skipped"]
-    count = {s: sum(r.status == s for r in tested) for s in ("compiled", "fallback", "mismatch", "error")}
+    count = {
+        s: sum(r.status == s for r in tested) for s in ("compiled", "fallback", "mismatch", "error")
+    }
     n = max(len(tested), 1)
     excluded = [r for r in tested if r.status == "fallback" and allowed_to_fall_back(r.op)]
     not_captured = [r for r in tested if r.fallback_ops == ["dynamo: not captured"]]

@@ -21,7 +21,9 @@ _LOW_PRECISION = (DType.BF16, DType.F16)
 
 
 def engine_ghz(engine: str, t: Target) -> float:
-    return {"pe": t.tensor_ghz, "act": t.scalar_ghz, "dve": t.vector_ghz, "pool": t.gpsimd_ghz}[engine]
+    return {"pe": t.tensor_ghz, "act": t.scalar_ghz, "dve": t.vector_ghz, "pool": t.gpsimd_ghz}[
+        engine
+    ]
 
 
 def _run_bytes(ref: isa.Operand) -> int:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from neuroncc.codegen import isa
 from neuroncc.codegen.builder import ProgramBuilder
-from neuroncc.codegen.program import Executable, ValueLoc
+from neuroncc.codegen.program import ValueLoc
 from neuroncc.codegen.targets import Target
 from neuroncc.ir.graph import Graph, Node, Value
 from neuroncc.ir.ops import Kind, Op
@@ -104,7 +104,13 @@ def _compute_instr(n: Node, dst: isa.TileRef, srcs: list[isa.TileRef]) -> isa.In
     raise AssertionError(n.op)
 
 
-@register(*(op for op in Op if op.info.kind in (Kind.UNARY, Kind.BINARY, Kind.COMPARE, Kind.SELECT, Kind.CAST)))
+@register(
+    *(
+        op
+        for op in Op
+        if op.info.kind in (Kind.UNARY, Kind.BINARY, Kind.COMPARE, Kind.SELECT, Kind.CAST)
+    )
+)
 def emit_elementwise(ctx: EmitCtx, n: Node) -> None:
     b = ctx.b
     out = ctx.alloc(n.out)
@@ -133,7 +139,9 @@ def emit_full(ctx: EmitCtx, n: Node) -> None:
     fmax = TILE_BYTES // t.dtype.itemsize
     if not rows:
         return
-    tile = b.sbuf_pool(min(cols, fmax) * t.dtype.itemsize, bufs=1).tile(min(P, rows), (min(cols, fmax),), t.dtype)
+    tile = b.sbuf_pool(min(cols, fmax) * t.dtype.itemsize, bufs=1).tile(
+        min(P, rows), (min(cols, fmax),), t.dtype
+    )
     b.emit(isa.Memset("pool", dst=tile, value=float(n.attr("value"))))
     for r0, p, c0, f in tiles_2d(rows, cols, fmax):
         b.dma(rect(out, t.dtype, r0 * cols + c0, cols, p, f), tile.rows(p).cols(0, f))

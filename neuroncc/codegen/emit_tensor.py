@@ -13,7 +13,12 @@ from neuroncc.ir.types import DType, contiguous_strides
 
 DMA_CHUNK_BYTES = 64 * 1024  # split large HBM->HBM copies so they spread over the queues
 
-_REDUCE_OP = {Op.REDUCE_SUM: "sum", Op.REDUCE_MAX: "max", Op.REDUCE_MIN: "min", Op.REDUCE_PROD: "prod"}
+_REDUCE_OP = {
+    Op.REDUCE_SUM: "sum",
+    Op.REDUCE_MAX: "max",
+    Op.REDUCE_MIN: "min",
+    Op.REDUCE_PROD: "prod",
+}
 _COMBINE_OP = {"sum": "add", "max": "max", "min": "min", "prod": "mul"}
 _IDENTITY = {"sum": 0.0, "prod": 1.0}
 
@@ -49,7 +54,9 @@ def emit_matmul(ctx: EmitCtx, n: Node) -> None:
                         b.dma(at, isa.DramRef(a_buf, a_off + m0 * k + k0, dt, ((1, kt), (k, mt))))
                         bt = b_pool.tile(kt, (nt,), dt)
                         b.dma(bt, rect(b_buf, dt, b_off + k0 * nn + n0, nn, kt, nt))
-                        b.emit(isa.Matmul("pe", dst=ps, stationary=at, moving=bt, accumulate=ki > 0))
+                        b.emit(
+                            isa.Matmul("pe", dst=ps, stationary=at, moving=bt, accumulate=ki > 0)
+                        )
                     b.emit(isa.TensorCopy("act", dst=ot, src=ps))
                 b.dma(rect(out, odt, o_off + m0 * nn + n0, nn, mt, nt), ot)
 
@@ -131,8 +138,12 @@ def copy_pattern(
     step = max(1, DMA_CHUNK_BYTES // max(row_bytes, 1))
     for i0 in range(0, outer, step):
         cnt = min(step, outer - i0)
-        s_ref = isa.DramRef(src, src_off + i0 * s0, dtype, ((s0, cnt), *((s, c) for c, s, _ in inner)))
-        d_ref = isa.DramRef(dst, dst_off + i0 * d0, dtype, ((d0, cnt), *((d, c) for c, _, d in inner)))
+        s_ref = isa.DramRef(
+            src, src_off + i0 * s0, dtype, ((s0, cnt), *((s, c) for c, s, _ in inner))
+        )
+        d_ref = isa.DramRef(
+            dst, dst_off + i0 * d0, dtype, ((d0, cnt), *((d, c) for c, _, d in inner))
+        )
         ctx.b.dma(d_ref, s_ref)
 
 
@@ -151,7 +162,9 @@ def emit_transpose(ctx: EmitCtx, n: Node) -> None:
     shape = n.out.type.shape
     out = ctx.alloc(n.out)
     src_strides = [in_strides[p] for p in perm]
-    copy_pattern(ctx, out, 0, contiguous_strides(shape), ctx.buf(x), 0, src_strides, shape, x.type.dtype)
+    copy_pattern(
+        ctx, out, 0, contiguous_strides(shape), ctx.buf(x), 0, src_strides, shape, x.type.dtype
+    )
 
 
 @register(Op.BROADCAST)
@@ -161,7 +174,9 @@ def emit_broadcast(ctx: EmitCtx, n: Node) -> None:
     shape = n.out.type.shape
     src_strides = [0 if d == 1 else s for d, s in zip(x.type.shape, in_strides, strict=True)]
     out = ctx.alloc(n.out)
-    copy_pattern(ctx, out, 0, contiguous_strides(shape), ctx.buf(x), 0, src_strides, shape, x.type.dtype)
+    copy_pattern(
+        ctx, out, 0, contiguous_strides(shape), ctx.buf(x), 0, src_strides, shape, x.type.dtype
+    )
 
 
 @register(Op.SLICE)
@@ -172,7 +187,9 @@ def emit_slice(ctx: EmitCtx, n: Node) -> None:
     src_strides = [s * st for s, st in zip(in_strides, n.attr("steps"), strict=True)]
     shape = n.out.type.shape
     out = ctx.alloc(n.out)
-    copy_pattern(ctx, out, 0, contiguous_strides(shape), ctx.buf(x), offset, src_strides, shape, x.type.dtype)
+    copy_pattern(
+        ctx, out, 0, contiguous_strides(shape), ctx.buf(x), offset, src_strides, shape, x.type.dtype
+    )
 
 
 @register(Op.REVERSE)
@@ -194,7 +211,15 @@ def emit_strided(ctx: EmitCtx, n: Node) -> None:
     shape = n.out.type.shape
     out = ctx.alloc(n.out)
     copy_pattern(
-        ctx, out, 0, contiguous_strides(shape), ctx.buf(x), n.attr("offset"), n.attr("strides"), shape, x.type.dtype
+        ctx,
+        out,
+        0,
+        contiguous_strides(shape),
+        ctx.buf(x),
+        n.attr("offset"),
+        n.attr("strides"),
+        shape,
+        x.type.dtype,
     )
 
 
@@ -207,8 +232,15 @@ def emit_concat(ctx: EmitCtx, n: Node) -> None:
     for x in n.inputs:
         shape = x.type.shape
         copy_pattern(
-            ctx, out, pos * out_strides[axis], out_strides,
-            ctx.buf(x), 0, contiguous_strides(shape), shape, x.type.dtype,
+            ctx,
+            out,
+            pos * out_strides[axis],
+            out_strides,
+            ctx.buf(x),
+            0,
+            contiguous_strides(shape),
+            shape,
+            x.type.dtype,
         )
         pos += shape[axis]
 
@@ -257,4 +289,8 @@ def emit_put(ctx: EmitCtx, n: Node) -> None:
             tr = row_pool.tile(p, (f,), dt)
             b.dma(tr, rect(ctx.buf(rows), dt, r0 * d + c0, d, p, f))
             view = isa.DramRef(out, c0, dt, ((d, v), (1, f)))
-            b.emit(isa.DmaScatter(b.next_queue(), table=view, src=tr, index=ti, accumulate=n.attr("accumulate")))
+            b.emit(
+                isa.DmaScatter(
+                    b.next_queue(), table=view, src=tr, index=ti, accumulate=n.attr("accumulate")
+                )
+            )

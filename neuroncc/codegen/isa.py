@@ -134,7 +134,9 @@ class Instr:
         return ()
 
     def operands(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("engine", "deps")}
+        return {
+            f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("engine", "deps")
+        }
 
 
 @dataclass(frozen=True)

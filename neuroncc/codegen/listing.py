@@ -24,7 +24,9 @@ def describe(ins: isa.Instr) -> str:
     """One instruction's operands: `dst <- srcs` plus its immediates."""
     ops = ins.operands()
     dst = [str(v) for k, v in ops.items() if k == "dst"]
-    srcs = [str(v) for k, v in ops.items() if isinstance(v, (isa.TileRef, isa.DramRef)) and k != "dst"]
+    srcs = [
+        str(v) for k, v in ops.items() if isinstance(v, (isa.TileRef, isa.DramRef)) and k != "dst"
+    ]
     imms = [f"{k}={v}" for k, v in ops.items() if not isinstance(v, (isa.TileRef, isa.DramRef))]
     text = f"{', '.join(dst)} <- {', '.join(srcs)}" if srcs else ", ".join(dst)
     return text + (f"  [{', '.join(imms)}]" if imms else "")

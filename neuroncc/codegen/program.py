@@ -93,7 +93,10 @@ def _encode(obj: Any) -> Any:
         return {"opcode": obj.opcode, **d}
     if isinstance(obj, (isa.TileRef, isa.DramRef)):
         kind = "tile" if isinstance(obj, isa.TileRef) else "dram"
-        return {"ref": kind, **{f.name: _encode(getattr(obj, f.name)) for f in dataclasses.fields(obj)}}
+        return {
+            "ref": kind,
+            **{f.name: _encode(getattr(obj, f.name)) for f in dataclasses.fields(obj)},
+        }
     if dataclasses.is_dataclass(obj):
         return {f.name: _encode(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, (tuple, list)):

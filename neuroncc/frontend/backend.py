@@ -38,18 +38,18 @@ from neuroncc.runtime.executor import CompiledExecutable
 from neuroncc.runtime.stats import STATS
 
 
-
 class GraphRunner:
     """Runs one compiled ATen graph: binds arguments and constants, returns the FX outputs."""
 
-    def __init__(self, compiled: CompiledExecutable, sources: list, slots: list[int | None]) -> None:
+    def __init__(
+        self, compiled: CompiledExecutable, sources: list, slots: list[int | None]
+    ) -> None:
         self.compiled, self.sources, self.slots = compiled, sources, slots
 
     def __call__(self, *args: Any) -> list[torch.Tensor | None]:
         inputs = [self._bind(kind, s, args) for kind, s in self.sources]
         outs = self.compiled.run(inputs)
         return [None if s is None else outs[s] for s in self.slots]
-
 
     @staticmethod
     def _bind(kind: str, source: Any, args: Sequence[Any]) -> Any:
@@ -77,10 +77,14 @@ def compile_region(gm: torch.fx.GraphModule, opts: CompileOptions, name: str) ->
     imported = import_fx(gm, name)
     g = verify(imported.graph)
     target = get_target(opts.target)
-    key = cache_key(print_graph(replace(g, name="main")), opts.cache_key(), target.name, __version__)
+    key = cache_key(
+        print_graph(replace(g, name="main")), opts.cache_key(), target.name, __version__
+    )
 
     def build() -> CompiledExecutable:
-        result = run_pipeline(g, default_pipeline(opts.opt_level), PassContext(target), bool(opts.dump_dir))
+        result = run_pipeline(
+            g, default_pipeline(opts.opt_level), PassContext(target), bool(opts.dump_dir)
+        )
         compiled = CompiledExecutable(emit_graph(result.graph, target))
         if opts.dump_dir:
             dump_graph(opts.dump_dir, name, gm, g, result.snapshots, compiled.exe)
@@ -122,8 +126,11 @@ def compile_aten_graph(
     if not opts.fallback:
         ops = sorted({str(n.target) for n in declined if n.target is not operator.getitem})
         first = next(iter(declined.values()))
-        raise UnsupportedError(f"graph {name} uses ops neuroncc cannot compile: {ops} ({first}); "
-                               "fallback=True runs them eagerly", op=ops[0] if ops else None)
+        raise UnsupportedError(
+            f"graph {name} uses ops neuroncc cannot compile: {ops} ({first}); "
+            "fallback=True runs them eagerly",
+            op=ops[0] if ops else None,
+        )
     report_fallback(declined)
     split = split_graph(gm, declined)
     for node in split.graph.nodes:
@@ -185,8 +192,12 @@ class ShapeSpecializer:
             for name in names:
                 node = nodes[name]
                 for user in list(node.users):
-                    user.args = torch.fx.node.map_arg(user.args, lambda a, n=node, v=value: v if a is n else a)
-                    user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda a, n=node, v=value: v if a is n else a)
+                    user.args = torch.fx.node.map_arg(
+                        user.args, lambda a, n=node, v=value: v if a is n else a
+                    )
+                    user.kwargs = torch.fx.node.map_arg(
+                        user.kwargs, lambda a, n=node, v=value: v if a is n else a
+                    )
                 gm.graph.erase_node(node)
         gm.recompile()
         return gm
@@ -215,7 +226,12 @@ def _aot(gm: torch.fx.GraphModule, example_inputs: list, opts: CompileOptions, n
     return backend(gm, example_inputs)
 
 
-def neuron_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None, mode: str | None = None):
+def neuron_backend(
+    gm: torch.fx.GraphModule,
+    example_inputs: list,
+    options: dict | None = None,
+    mode: str | None = None,
+):
     opts = CompileOptions.from_user(options)
     if mode not in (None, "default"):
         warnings.warn(

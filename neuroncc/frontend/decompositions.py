@@ -43,7 +43,11 @@ def _flash_attention_cpu_backward(
             keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
             s = s.masked_fill(~keep, float("-inf"))
         if attn_mask is not None:
-            s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else s + attn_mask
+            s = (
+                s.masked_fill(~attn_mask, float("-inf"))
+                if attn_mask.dtype == torch.bool
+                else s + attn_mask
+            )
         p = torch.exp(s - logsumexp.unsqueeze(-1))
     grad_v = p.transpose(-2, -1) @ grad_out
     grad_p = grad_out @ v.transpose(-2, -1)
@@ -74,13 +78,28 @@ def _conv_windows(xp, n, out_sp, cg, kernel, stride, dilation, offset):
     k = len(kernel)
     return xp.as_strided(
         (n, *out_sp, cg, *kernel),
-        (st[0], *(stride[d] * st[2 + d] for d in range(k)), st[1], *(dilation[d] * st[2 + d] for d in range(k))),
+        (
+            st[0],
+            *(stride[d] * st[2 + d] for d in range(k)),
+            st[1],
+            *(dilation[d] * st[2 + d] for d in range(k)),
+        ),
         offset,
     )
 
 
 def _convolution_backward(
-    grad_out, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask
+    grad_out,
+    x,
+    w,
+    bias_sizes,
+    stride,
+    padding,
+    dilation,
+    transposed,
+    output_padding,
+    groups,
+    output_mask,
 ):
     """The gradients of im2col convolution: weight = grad_out^T @ windows; input = grad_out @ w
     scattered back into the windows (index_add) and cropped; bias = sum of grad_out."""
@@ -95,7 +114,14 @@ def _convolution_backward(
     cg, og = c // groups, o // groups
     rows, width = n * math.prod(out_sp), cg * math.prod(kernel)
     positions = _conv_windows(
-        torch.arange(xp.numel(), device=x.device).view(xp.shape), n, out_sp, cg, kernel, stride, dilation, 0
+        torch.arange(xp.numel(), device=x.device).view(xp.shape),
+        n,
+        out_sp,
+        cg,
+        kernel,
+        stride,
+        dilation,
+        0,
     )
     grad_w, grad_xp = [], torch.zeros(xp.numel(), dtype=x.dtype, device=x.device)
     for g in range(groups):
@@ -106,7 +132,9 @@ def _convolution_backward(
         idx = (positions + g * cg * xp.stride(1)).reshape(-1)
         grad_xp = grad_xp.index_add(0, idx, (go @ wg).reshape(-1))
     grad_xp = grad_xp.view(xp.shape)
-    crop = [slice(None), slice(None)] + [slice(p, p + x.shape[2 + d]) for d, p in enumerate(padding)]
+    crop = [slice(None), slice(None)] + [
+        slice(p, p + x.shape[2 + d]) for d, p in enumerate(padding)
+    ]
     grad_x = grad_xp[tuple(crop)] if output_mask[0] else None
     grad_b = grad_out.sum([0, *range(2, k + 2)]) if output_mask[2] else None
     return grad_x, torch.cat(grad_w, 0) if output_mask[1] else None, grad_b
@@ -138,7 +166,9 @@ def decomposition_table() -> dict:
     for op in _PYTORCH_EXTRAS:
         if op in decomposition_table_torch and op not in LOWERINGS:
             table[op] = decomposition_table_torch[op]
-    table[aten._scaled_dot_product_flash_attention_for_cpu_backward.default] = _flash_attention_cpu_backward
+    table[aten._scaled_dot_product_flash_attention_for_cpu_backward.default] = (
+        _flash_attention_cpu_backward
+    )
     table[aten.convolution_backward.default] = _convolution_backward
     return table
 

@@ -13,7 +13,6 @@ import math
 
 import torch
 
-from neuroncc.frontend.lower_tensor import reduce
 from neuroncc.frontend.registry import LowerCtx, norm_dim, register_lowering
 from neuroncc.ir.graph import Value
 from neuroncc.ir.ops import Op
@@ -32,7 +31,9 @@ def lower_embedding(ctx: LowerCtx, weight: Value, indices: Value, *args) -> Valu
 @register_lowering(aten.index_select.default)
 def lower_index_select(ctx: LowerCtx, x: Value, dim: int, index: Value) -> Value:
     if x.type.rank == 0:  # a 0-d tensor indexes like a 1-element vector
-        return ctx.reshape(lower_index_select(ctx, ctx.reshape(x, [1]), 0, index), ctx.out_type().shape)
+        return ctx.reshape(
+            lower_index_select(ctx, ctx.reshape(x, [1]), 0, index), ctx.out_type().shape
+        )
     dim = norm_dim(dim, x.type.rank)
     rank = x.type.rank
     perm = [dim] + [d for d in range(rank) if d != dim]
@@ -55,13 +56,17 @@ def _flat_positions(ctx: LowerCtx, x: Value, index: Value, dim: int) -> Value:
         if d == dim or n == 1:
             continue
         coord = ctx.op(Op.IOTA, n=n, start=0, step=strides[d], dtype=DType.I64)
-        coord = ctx.broadcast_to(ctx.reshape(coord, [n if a == d else 1 for a in range(len(shape))]), shape)
+        coord = ctx.broadcast_to(
+            ctx.reshape(coord, [n if a == d else 1 for a in range(len(shape))]), shape
+        )
         off = ctx.op(Op.ADD, off, coord)
     return ctx.reshape(off, [index.type.numel])
 
 
 @register_lowering(aten.gather.default)
-def lower_gather(ctx: LowerCtx, x: Value, dim: int, index: Value, sparse_grad: bool = False) -> Value:
+def lower_gather(
+    ctx: LowerCtx, x: Value, dim: int, index: Value, sparse_grad: bool = False
+) -> Value:
     """Element gather: an indirect DMA over x viewed as one element per row."""
     if x.type.rank == 0:
         return x
@@ -71,20 +76,26 @@ def lower_gather(ctx: LowerCtx, x: Value, dim: int, index: Value, sparse_grad: b
     return ctx.reshape(taken, index.type.shape)
 
 
-def _scatter(ctx: LowerCtx, x: Value, dim: int, index: Value, src: Value, accumulate: bool) -> Value:
+def _scatter(
+    ctx: LowerCtx, x: Value, dim: int, index: Value, src: Value, accumulate: bool
+) -> Value:
     """x with src's entries written (or added) at index along dim: an indirect DMA scatter."""
     if x.type.rank == 0:
         x, index, src = (ctx.reshape(v, [1]) for v in (x, index, src))
     table = ctx.reshape(x, [x.type.numel, 1])
     flat = _flat_positions(ctx, x, index, dim)
     rows = ctx.reshape(src, [flat.type.numel, 1])
-    return ctx.reshape(ctx.op(Op.PUT, table, flat, rows, accumulate=accumulate), ctx.out_type().shape)
+    return ctx.reshape(
+        ctx.op(Op.PUT, table, flat, rows, accumulate=accumulate), ctx.out_type().shape
+    )
 
 
 def _src_like(ctx: LowerCtx, src: Value, index: Value, x: Value) -> Value:
     stops = list(index.type.shape)
     if stops != list(src.type.shape):
-        src = ctx.op(Op.SLICE, src, starts=[0] * src.type.rank, stops=stops, steps=[1] * src.type.rank)
+        src = ctx.op(
+            Op.SLICE, src, starts=[0] * src.type.rank, stops=stops, steps=[1] * src.type.rank
+        )
     return ctx.cast(src, x.type.dtype)
 
 
@@ -107,7 +118,9 @@ def lower_scatter_add(ctx: LowerCtx, x: Value, dim: int, index: Value, src: Valu
 
 
 @register_lowering(aten.index_put.default)
-def lower_index_put(ctx: LowerCtx, x: Value, indices, values: Value, accumulate: bool = False) -> Value:
+def lower_index_put(
+    ctx: LowerCtx, x: Value, indices, values: Value, accumulate: bool = False
+) -> Value:
     """x[i0, i1, ...] = values (or +=) with integer index tensors on consecutive axes: the axes
     move to the front and linearise into one row index (as in lower_index)."""
     present = [d for d, t in enumerate(indices) if t is not None]
@@ -120,13 +133,22 @@ def lower_index_put(ctx: LowerCtx, x: Value, indices, values: Value, accumulate:
     bshape = list(torch.broadcast_shapes(*(torch.Size(indices[d].type.shape) for d in present)))
     flat = None
     for d in present:
-        idx = ctx.cast(ctx.broadcast_to(_wrap_negative(ctx, indices[d], shape[d]), bshape), DType.I64)
-        flat = idx if flat is None else ctx.op(Op.ADD, ctx.op(Op.MUL, flat, ctx.full(shape[d], bshape, DType.I64)), idx)
+        idx = ctx.cast(
+            ctx.broadcast_to(_wrap_negative(ctx, indices[d], shape[d]), bshape), DType.I64
+        )
+        flat = (
+            idx
+            if flat is None
+            else ctx.op(Op.ADD, ctx.op(Op.MUL, flat, ctx.full(shape[d], bshape, DType.I64)), idx)
+        )
     before, after = list(shape[:first]), list(shape[last:])
     # values broadcast to what x[indices] would be: [*before, *bshape, *after]
     vals = ctx.tensor(values, x.type.dtype, [*before, *bshape, *after])
     nb, ni = len(before), len(bshape)
-    vals = ctx.transpose(vals, list(range(nb, nb + ni)) + list(range(nb)) + list(range(nb + ni, nb + ni + len(after))))
+    vals = ctx.transpose(
+        vals,
+        list(range(nb, nb + ni)) + list(range(nb)) + list(range(nb + ni, nb + ni + len(after))),
+    )
     perm = list(range(first, last)) + [d for d in range(rank) if not first <= d < last]
     rows = math.prod(shape[first:last])
     moved = ctx.transpose(x, perm)
@@ -143,14 +165,22 @@ def _index_put_dim0(ctx: LowerCtx, x: Value, idx: Value, vals: Value, accumulate
     n = idx.type.numel
     table = ctx.reshape(x, [rows, d])
     flat = ctx.cast(ctx.reshape(idx, [n]), DType.I64)
-    out = ctx.op(Op.PUT, table, flat, ctx.cast(ctx.reshape(vals, [n, d]), x.type.dtype), accumulate=accumulate)
+    out = ctx.op(
+        Op.PUT,
+        table,
+        flat,
+        ctx.cast(ctx.reshape(vals, [n, d]), x.type.dtype),
+        accumulate=accumulate,
+    )
     return ctx.reshape(out, x.type.shape)
 
 
 def _wrap_negative(ctx: LowerCtx, idx: Value, size: int) -> Value:
     shape = idx.type.shape
     negative = ctx.op(Op.LT, idx, ctx.full(0, shape, idx.type.dtype))
-    return ctx.op(Op.WHERE, negative, ctx.op(Op.ADD, idx, ctx.full(size, shape, idx.type.dtype)), idx)
+    return ctx.op(
+        Op.WHERE, negative, ctx.op(Op.ADD, idx, ctx.full(size, shape, idx.type.dtype)), idx
+    )
 
 
 @register_lowering(aten.index.Tensor)
@@ -168,7 +198,9 @@ def lower_index(ctx: LowerCtx, x: Value, indices) -> Value:
     bshape = torch.broadcast_shapes(*(torch.Size(indices[d].type.shape) for d in present))
     flat = None
     for d in present:
-        idx = ctx.cast(ctx.broadcast_to(_wrap_negative(ctx, indices[d], shape[d]), bshape), DType.I64)
+        idx = ctx.cast(
+            ctx.broadcast_to(_wrap_negative(ctx, indices[d], shape[d]), bshape), DType.I64
+        )
         if flat is None:
             flat = idx
         else:
@@ -191,7 +223,9 @@ def lower_index(ctx: LowerCtx, x: Value, indices) -> Value:
 
 
 @register_lowering(aten.put.default)
-def lower_put(ctx: LowerCtx, x: Value, index: Value, source: Value, accumulate: bool = False) -> Value:
+def lower_put(
+    ctx: LowerCtx, x: Value, index: Value, source: Value, accumulate: bool = False
+) -> Value:
     """x.put_(index, source): index_put on x flattened."""
     flat = ctx.reshape(x, [x.type.numel])
     idx = ctx.reshape(_wrap_negative(ctx, index, x.type.numel), [index.type.numel])

@@ -79,7 +79,11 @@ def _variance(ctx: LowerCtx, x: Value, dims, correction, keepdim: bool) -> tuple
     """(var, mean) over dims, divided by N - correction, computed in fp32."""
     xf = ctx.cast(x, DType.F32)
     n = reduced_count(x, dims)
-    mean_k = ctx.op(Op.DIV, reduce(ctx, Op.REDUCE_SUM, xf, dims, True), ctx.full(n, _kept_shape(x, dims), DType.F32))
+    mean_k = ctx.op(
+        Op.DIV,
+        reduce(ctx, Op.REDUCE_SUM, xf, dims, True),
+        ctx.full(n, _kept_shape(x, dims), DType.F32),
+    )
     xc = ctx.op(Op.SUB, xf, _bcast(ctx, mean_k, xf))
     ss = reduce(ctx, Op.REDUCE_SUM, ctx.op(Op.MUL, xc, xc), dims, keepdim)
     denom = max(n - (1 if correction is None else correction), 0)
@@ -95,12 +99,16 @@ def _kept_shape(x: Value, dims) -> list[int]:
 
 
 @register_lowering(aten.var.correction)
-def lower_var(ctx: LowerCtx, x: Value, dims=None, *, correction=None, keepdim: bool = False) -> Value:
+def lower_var(
+    ctx: LowerCtx, x: Value, dims=None, *, correction=None, keepdim: bool = False
+) -> Value:
     return ctx.cast(_variance(ctx, x, dims, correction, keepdim)[0], ctx.out_dtype)
 
 
 @register_lowering(aten.std.correction)
-def lower_std(ctx: LowerCtx, x: Value, dims=None, *, correction=None, keepdim: bool = False) -> Value:
+def lower_std(
+    ctx: LowerCtx, x: Value, dims=None, *, correction=None, keepdim: bool = False
+) -> Value:
     return ctx.cast(ctx.op(Op.SQRT, _variance(ctx, x, dims, correction, keepdim)[0]), ctx.out_dtype)
 
 
@@ -111,7 +119,9 @@ def lower_var_mean(ctx: LowerCtx, x: Value, dims=None, *, correction=None, keepd
 
 
 @register_lowering(aten.linalg_vector_norm.default)
-def lower_vector_norm(ctx: LowerCtx, x: Value, ord=2, dim=None, keepdim: bool = False, *, dtype=None) -> Value:
+def lower_vector_norm(
+    ctx: LowerCtx, x: Value, ord=2, dim=None, keepdim: bool = False, *, dtype=None
+) -> Value:
     out = ctx.out_type()
     a = ctx.op(Op.ABS, ctx.cast(x, out.dtype))
     if ord == float("inf"):
@@ -131,7 +141,9 @@ def lower_vector_norm(ctx: LowerCtx, x: Value, ord=2, dim=None, keepdim: bool = 
 
 
 @register_lowering(aten.native_group_norm.default)
-def lower_group_norm(ctx: LowerCtx, x: Value, weight, bias, n: int, c: int, hw: int, groups: int, eps: float):
+def lower_group_norm(
+    ctx: LowerCtx, x: Value, weight, bias, n: int, c: int, hw: int, groups: int, eps: float
+):
     xf = ctx.reshape(ctx.cast(x, DType.F32), [n, groups, (c // groups) * hw])
     var, mean = _variance(ctx, xf, [2], 0, True)
     rstd = ctx.op(Op.RSQRT, ctx.op(Op.ADD, var, ctx.full(eps, var.type.shape, DType.F32)))
@@ -161,7 +173,9 @@ def _channel_affine(ctx: LowerCtx, y: Value, weight, bias) -> Value:
     return y
 
 
-def _batch_norm(ctx: LowerCtx, x: Value, weight, bias, mean: Value, var: Value, eps: float) -> Value:
+def _batch_norm(
+    ctx: LowerCtx, x: Value, weight, bias, mean: Value, var: Value, eps: float
+) -> Value:
     xf = ctx.cast(x, DType.F32)
     rstd = ctx.op(Op.RSQRT, ctx.op(Op.ADD, var, ctx.full(eps, var.type.shape, DType.F32)))
     y = ctx.op(Op.MUL, ctx.op(Op.SUB, xf, _per_channel(ctx, mean, xf)), _per_channel(ctx, rstd, xf))
@@ -169,7 +183,9 @@ def _batch_norm(ctx: LowerCtx, x: Value, weight, bias, mean: Value, var: Value, 
 
 
 @register_lowering(aten._native_batch_norm_legit_functional.default)
-def lower_batch_norm_train(ctx: LowerCtx, x, weight, bias, running_mean, running_var, training, momentum, eps):
+def lower_batch_norm_train(
+    ctx: LowerCtx, x, weight, bias, running_mean, running_var, training, momentum, eps
+):
     """Returns (out, mean, rstd, new running mean, new running var); statistics over every
     axis but the channels, the running variance updated with the unbiased estimate."""
     if not training:
@@ -184,7 +200,10 @@ def lower_batch_norm_train(ctx: LowerCtx, x, weight, bias, running_mean, running
 
     def update(old: Value, new: Value) -> Value:
         keep = ctx.op(Op.MUL, ctx.cast(old, DType.F32), ctx.full(1 - momentum, shape, DType.F32))
-        return ctx.cast(ctx.op(Op.ADD, keep, ctx.op(Op.MUL, new, ctx.full(momentum, shape, DType.F32))), old.type.dtype)
+        return ctx.cast(
+            ctx.op(Op.ADD, keep, ctx.op(Op.MUL, new, ctx.full(momentum, shape, DType.F32))),
+            old.type.dtype,
+        )
 
     return out, mean, rstd, update(running_mean, mean), update(running_var, unbiased)
 
@@ -194,11 +213,17 @@ def lower_batch_norm_eval(ctx: LowerCtx, x, weight, bias, running_mean, running_
     mean, var = ctx.cast(running_mean, DType.F32), ctx.cast(running_var, DType.F32)
     out = _batch_norm(ctx, x, weight, bias, mean, var, eps)
     empty = ctx.out_type(1)
-    return out, ctx.full(0, empty.shape, empty.dtype), ctx.full(0, ctx.out_type(2).shape, ctx.out_type(2).dtype)
+    return (
+        out,
+        ctx.full(0, empty.shape, empty.dtype),
+        ctx.full(0, ctx.out_type(2).shape, ctx.out_type(2).dtype),
+    )
 
 
 @register_lowering(aten.convolution.default)
-def lower_convolution(ctx, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+def lower_convolution(
+    ctx, x, w, bias, stride, padding, dilation, transposed, output_padding, groups
+):
     """im2col: the padded input viewed (one strided DMA) as [N, *out, C, *kernel] windows, then
     a [N*out, C*kernel] x [C*kernel, O] matmul per group on TensorE."""
     if transposed:
@@ -220,14 +245,19 @@ def lower_convolution(ctx, x, w, bias, stride, padding, dilation, transposed, ou
             Op.STRIDED,
             xp,
             shape=[n, *out_sp, cg, *kernel],
-            strides=[st[0], *(stride[d] * st[2 + d] for d in range(k)), st[1], *(dilation[d] * st[2 + d] for d in range(k))],
+            strides=[
+                st[0],
+                *(stride[d] * st[2 + d] for d in range(k)),
+                st[1],
+                *(dilation[d] * st[2 + d] for d in range(k)),
+            ],
             offset=g * cg * st[1],
         )
         cols = ctx.reshape(cols, [n * math.prod(out_sp), cg * math.prod(kernel)])
         wg = slice_axis(ctx, w, 0, g * og, (g + 1) * og, 1) if groups > 1 else w
         wg = ctx.transpose(ctx.reshape(wg, [og, cg * math.prod(kernel)]), [1, 0])
         results.append(ctx.op(Op.MATMUL, cols, wg))
-    y = results[0] if groups == 1 else ctx.op(Op.CONCAT, *results, axis=1)
+    y = ctx.concat(results, axis=1)
     y = ctx.transpose(ctx.reshape(y, [n, *out_sp, o]), [0, k + 1, *range(1, k + 1)])
     if bias is not None:
         y = ctx.op(Op.ADD, y, _per_channel(ctx, bias, y))

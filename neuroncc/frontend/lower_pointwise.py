@@ -87,7 +87,14 @@ BINARY = {
 
 COMPARE = {
     getattr(getattr(aten, name), overload): op
-    for name, op in (("eq", Op.EQ), ("ne", Op.NE), ("lt", Op.LT), ("le", Op.LE), ("gt", Op.GT), ("ge", Op.GE))
+    for name, op in (
+        ("eq", Op.EQ),
+        ("ne", Op.NE),
+        ("lt", Op.LT),
+        ("le", Op.LE),
+        ("gt", Op.GT),
+        ("ge", Op.GE),
+    )
     for overload in ("Tensor", "Scalar")
 }
 
@@ -103,7 +110,11 @@ def operand_dtype(*args: Value | float | int | bool) -> DType:
     result = probes[0]
     for p in probes[1:]:
         result = torch.empty((0,), dtype=torch.result_type(result, p))
-    dt = result.dtype if isinstance(result, torch.Tensor) else torch.result_type(torch.empty(()), result)
+    dt = (
+        result.dtype
+        if isinstance(result, torch.Tensor)
+        else torch.result_type(torch.empty(()), result)
+    )
     return DType.from_torch(dt)
 
 
@@ -120,14 +131,25 @@ def _binary_rule(op: Op):
         out = ctx.out_type()
         # Bool-valued logical ops on non-bool inputs: compare with 0 first.
         if ctx.node.target == aten.logical_xor.default:
-            return ctx.op(Op.NE, _truthy(ctx, ctx.tensor(a, operand_dtype(a), out.shape), out.shape),
-                          _truthy(ctx, ctx.tensor(b, operand_dtype(b), out.shape), out.shape))
+            return ctx.op(
+                Op.NE,
+                _truthy(ctx, ctx.tensor(a, operand_dtype(a), out.shape), out.shape),
+                _truthy(ctx, ctx.tensor(b, operand_dtype(b), out.shape), out.shape),
+            )
         if op in (Op.AND, Op.OR):
             if out.dtype != DType.BOOL and ctx.node.target.name().startswith("aten::bitwise"):
                 raise ctx.unsupported("bitwise ops on integers (only bool tensors are supported)")
             dt = DType.BOOL
-            a = ctx.tensor(a, dt, out.shape) if not isinstance(a, Value) else _truthy(ctx, a, out.shape)
-            b = ctx.tensor(b, dt, out.shape) if not isinstance(b, Value) else _truthy(ctx, b, out.shape)
+            a = (
+                ctx.tensor(a, dt, out.shape)
+                if not isinstance(a, Value)
+                else _truthy(ctx, a, out.shape)
+            )
+            b = (
+                ctx.tensor(b, dt, out.shape)
+                if not isinstance(b, Value)
+                else _truthy(ctx, b, out.shape)
+            )
             return ctx.cast(ctx.op(op, a, b), out.dtype)
         return ctx.op(op, ctx.tensor(a, out.dtype, out.shape), ctx.tensor(b, out.dtype, out.shape))
 
@@ -175,26 +197,36 @@ def _scaled(ctx: LowerCtx, x, alpha, dtype: DType, shape) -> Value:
 @register_lowering(aten.add.Tensor, aten.add.Scalar)
 def lower_add(ctx: LowerCtx, a, b, alpha=1) -> Value:
     out = ctx.out_type()
-    return ctx.op(Op.ADD, ctx.tensor(a, out.dtype, out.shape), _scaled(ctx, b, alpha, out.dtype, out.shape))
+    return ctx.op(
+        Op.ADD, ctx.tensor(a, out.dtype, out.shape), _scaled(ctx, b, alpha, out.dtype, out.shape)
+    )
 
 
 @register_lowering(aten.sub.Tensor, aten.sub.Scalar)
 def lower_sub(ctx: LowerCtx, a, b, alpha=1) -> Value:
     out = ctx.out_type()
-    return ctx.op(Op.SUB, ctx.tensor(a, out.dtype, out.shape), _scaled(ctx, b, alpha, out.dtype, out.shape))
+    return ctx.op(
+        Op.SUB, ctx.tensor(a, out.dtype, out.shape), _scaled(ctx, b, alpha, out.dtype, out.shape)
+    )
 
 
 @register_lowering(aten.rsub.Scalar, aten.rsub.Tensor)
 def lower_rsub(ctx: LowerCtx, a, b, alpha=1) -> Value:
     out = ctx.out_type()
-    return ctx.op(Op.SUB, ctx.tensor(b, out.dtype, out.shape), _scaled(ctx, a, alpha, out.dtype, out.shape))
+    return ctx.op(
+        Op.SUB, ctx.tensor(b, out.dtype, out.shape), _scaled(ctx, a, alpha, out.dtype, out.shape)
+    )
 
 
-@register_lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+@register_lowering(
+    aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar
+)
 def lower_where(ctx: LowerCtx, cond, a, b) -> Value:
     out = ctx.out_type()
     c = _truthy(ctx, cond, out.shape)
-    return ctx.op(Op.WHERE, c, ctx.tensor(a, out.dtype, out.shape), ctx.tensor(b, out.dtype, out.shape))
+    return ctx.op(
+        Op.WHERE, c, ctx.tensor(a, out.dtype, out.shape), ctx.tensor(b, out.dtype, out.shape)
+    )
 
 
 @register_lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
@@ -284,7 +316,9 @@ def lower_isnan(ctx: LowerCtx, x: Value) -> Value:
 def lower_div_mode(ctx: LowerCtx, a, b, rounding_mode: str | None = None) -> Value:
     out = ctx.out_type()
     if rounding_mode is None:
-        return ctx.op(Op.DIV, ctx.tensor(a, out.dtype, out.shape), ctx.tensor(b, out.dtype, out.shape))
+        return ctx.op(
+            Op.DIV, ctx.tensor(a, out.dtype, out.shape), ctx.tensor(b, out.dtype, out.shape)
+        )
     if rounding_mode not in ("trunc", "floor"):
         raise ctx.unsupported(f"rounding_mode={rounding_mode!r} (allowed: None, 'trunc', 'floor')")
     a, b = ctx.tensor(a, out.dtype, out.shape), ctx.tensor(b, out.dtype, out.shape)
@@ -302,10 +336,14 @@ def lower_div_mode(ctx: LowerCtx, a, b, rounding_mode: str | None = None) -> Val
     if rounding_mode == "floor":
         return ctx.op(Op.FLOOR, q)
     neg = ctx.op(Op.LT, q, zero)
-    return ctx.op(Op.WHERE, neg, ctx.op(Op.NEG, ctx.op(Op.FLOOR, ctx.op(Op.NEG, q))), ctx.op(Op.FLOOR, q))
+    return ctx.op(
+        Op.WHERE, neg, ctx.op(Op.NEG, ctx.op(Op.FLOOR, ctx.op(Op.NEG, q))), ctx.op(Op.FLOOR, q)
+    )
 
 
-@register_lowering(aten.isinf.default, aten.isposinf.default, aten.isneginf.default, aten.isfinite.default)
+@register_lowering(
+    aten.isinf.default, aten.isposinf.default, aten.isneginf.default, aten.isfinite.default
+)
 def lower_isinf(ctx: LowerCtx, x: Value) -> Value:
     shape, dt = x.type.shape, x.type.dtype
     name = ctx.node.target.name().split("::")[1]
@@ -330,8 +368,13 @@ def lower_nan_to_num(ctx: LowerCtx, x: Value, nan=0.0, posinf=None, neginf=None)
         return x
     finfo = torch.finfo(dt.torch)
     y = ctx.op(Op.WHERE, ctx.op(Op.NE, x, x), ctx.full(nan or 0.0, shape, dt), x)
-    for bad, value in ((float("inf"), finfo.max if posinf is None else posinf), (float("-inf"), finfo.min if neginf is None else neginf)):
-        y = ctx.op(Op.WHERE, ctx.op(Op.EQ, y, ctx.full(bad, shape, dt)), ctx.full(value, shape, dt), y)
+    for bad, value in (
+        (float("inf"), finfo.max if posinf is None else posinf),
+        (float("-inf"), finfo.min if neginf is None else neginf),
+    ):
+        y = ctx.op(
+            Op.WHERE, ctx.op(Op.EQ, y, ctx.full(bad, shape, dt)), ctx.full(value, shape, dt), y
+        )
     return y
 
 
@@ -355,14 +398,23 @@ def lower_hardtanh(ctx: LowerCtx, x: Value, lo=-1.0, hi=1.0) -> Value:
 def lower_elu(ctx: LowerCtx, x: Value, alpha=1.0, scale=1.0, input_scale=1.0) -> Value:
     shape, dt = x.type.shape, x.type.dtype
     pos = ctx.op(Op.MUL, x, ctx.full(scale, shape, dt))
-    neg = ctx.op(Op.MUL, ctx.op(Op.EXPM1, ctx.op(Op.MUL, x, ctx.full(input_scale, shape, dt))), ctx.full(alpha * scale, shape, dt))
+    neg = ctx.op(
+        Op.MUL,
+        ctx.op(Op.EXPM1, ctx.op(Op.MUL, x, ctx.full(input_scale, shape, dt))),
+        ctx.full(alpha * scale, shape, dt),
+    )
     return ctx.op(Op.WHERE, ctx.op(Op.GT, x, ctx.full(0, shape, dt)), pos, neg)
 
 
 @register_lowering(aten.leaky_relu.default)
 def lower_leaky_relu(ctx: LowerCtx, x: Value, slope=0.01) -> Value:
     shape, dt = x.type.shape, x.type.dtype
-    return ctx.op(Op.WHERE, ctx.op(Op.GT, x, ctx.full(0, shape, dt)), x, ctx.op(Op.MUL, x, ctx.full(slope, shape, dt)))
+    return ctx.op(
+        Op.WHERE,
+        ctx.op(Op.GT, x, ctx.full(0, shape, dt)),
+        x,
+        ctx.op(Op.MUL, x, ctx.full(slope, shape, dt)),
+    )
 
 
 @register_lowering(aten.softplus.default)
@@ -385,4 +437,8 @@ def lower_signbit(ctx: LowerCtx, x: Value) -> Value:
 @register_lowering(aten.ldexp.Tensor)
 def lower_ldexp(ctx: LowerCtx, x, e) -> Value:
     out = ctx.out_type()
-    return ctx.op(Op.MUL, ctx.tensor(x, out.dtype, out.shape), ctx.op(Op.EXP2, ctx.tensor(e, out.dtype, out.shape)))
+    return ctx.op(
+        Op.MUL,
+        ctx.tensor(x, out.dtype, out.shape),
+        ctx.op(Op.EXP2, ctx.tensor(e, out.dtype, out.shape)),
+    )

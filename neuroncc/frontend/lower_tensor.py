@@ -130,7 +130,9 @@ def lower_as_strided(ctx: LowerCtx, x: Value, size, stride, storage_offset=None)
 
 
 @register_lowering(aten.slice.Tensor)
-def lower_slice(ctx: LowerCtx, x: Value, dim: int = 0, start=None, end=None, step: int = 1) -> Value:
+def lower_slice(
+    ctx: LowerCtx, x: Value, dim: int = 0, start=None, end=None, step: int = 1
+) -> Value:
     return slice_axis(ctx, x, norm_dim(dim, x.type.rank), start, end, step)
 
 
@@ -169,18 +171,22 @@ def lower_split(ctx: LowerCtx, x: Value, size: int, dim: int = 0) -> tuple[Value
 def lower_unbind(ctx: LowerCtx, x: Value, dim: int = 0) -> tuple[Value, ...]:
     dim = norm_dim(dim, x.type.rank)
     shape = x.type.shape[:dim] + x.type.shape[dim + 1 :]
-    return tuple(ctx.reshape(slice_axis(ctx, x, dim, i, i + 1, 1), shape) for i in range(x.type.shape[dim]))
+    return tuple(
+        ctx.reshape(slice_axis(ctx, x, dim, i, i + 1, 1), shape) for i in range(x.type.shape[dim])
+    )
 
 
 @register_lowering(aten.cat.default)
 def lower_cat(ctx: LowerCtx, tensors, dim: int = 0) -> Value:
     out = ctx.out_type()
     # Legacy behaviour: 1-d empty tensors are skipped whatever the other ranks.
-    parts = [ctx.cast(t, out.dtype) for t in tensors if not (t.type.rank == 1 and t.type.numel == 0)]
+    parts = [
+        ctx.cast(t, out.dtype) for t in tensors if not (t.type.rank == 1 and t.type.numel == 0)
+    ]
     if not parts:
         return ctx.full(0, out.shape, out.dtype)
     dim = norm_dim(dim, out.rank)
-    return parts[0] if len(parts) == 1 else ctx.op(Op.CONCAT, *parts, axis=dim)
+    return ctx.concat(parts, axis=dim)
 
 
 # -- reductions -------------------------------------------------------------------------------
@@ -259,7 +265,9 @@ def _arg_reduce(ctx: LowerCtx, op: Op, x: Value, dim, keepdim: bool) -> tuple[Va
     size = x.type.shape[dim]
     shape_1 = [size if d == dim else 1 for d in range(x.type.rank)]
     iota = ctx.reshape(ctx.op(Op.IOTA, n=size, start=0, step=1, dtype=DType.I64), shape_1)
-    cand = ctx.op(Op.WHERE, hit, ctx.broadcast_to(iota, x.type.shape), ctx.full(size, x.type.shape, DType.I64))
+    cand = ctx.op(
+        Op.WHERE, hit, ctx.broadcast_to(iota, x.type.shape), ctx.full(size, x.type.shape, DType.I64)
+    )
     idx = reduce(ctx, Op.REDUCE_MIN, cand, [dim], keepdim)
     vals = ext if keepdim else ctx.reshape(ext, idx.type.shape)
     return vals, idx
@@ -362,7 +370,9 @@ def lower_cumsum(ctx: LowerCtx, x: Value, dim: int, dtype=None) -> Value:
 
 
 @register_lowering(aten.topk.default)
-def lower_topk(ctx: LowerCtx, x: Value, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):
+def lower_topk(
+    ctx: LowerCtx, x: Value, k: int, dim: int = -1, largest: bool = True, sorted: bool = True
+):
     """k rounds of: the extreme among positions not yet taken, and its first index."""
     dim = norm_dim(dim, x.type.rank)
     shape, n = x.type.shape, x.type.shape[dim]
@@ -373,22 +383,29 @@ def lower_topk(ctx: LowerCtx, x: Value, k: int, dim: int = -1, largest: bool = T
         worst = info.min if largest else info.max
     op = Op.REDUCE_MAX if largest else Op.REDUCE_MIN
     iota_shape = [n if d == dim else 1 for d in range(len(shape))]
-    iota = ctx.broadcast_to(ctx.reshape(ctx.op(Op.IOTA, n=n, start=0, step=1, dtype=DType.I64), iota_shape), shape)
+    iota = ctx.broadcast_to(
+        ctx.reshape(ctx.op(Op.IOTA, n=n, start=0, step=1, dtype=DType.I64), iota_shape), shape
+    )
     taken = ctx.full(0, shape, DType.BOOL)
     values, indices = [], []
     for _ in range(k):
         cand = ctx.op(Op.WHERE, taken, ctx.full(worst, shape, dt), x)
         ext = reduce(ctx, op, cand, [dim], True)
         hit = ctx.op(Op.AND, ctx.op(Op.EQ, x, ctx.broadcast_to(ext, shape)), ctx.op(Op.NOT, taken))
-        idx = reduce(ctx, Op.REDUCE_MIN, ctx.op(Op.WHERE, hit, iota, ctx.full(n, shape, DType.I64)), [dim], True)
+        idx = reduce(
+            ctx,
+            Op.REDUCE_MIN,
+            ctx.op(Op.WHERE, hit, iota, ctx.full(n, shape, DType.I64)),
+            [dim],
+            True,
+        )
         taken = ctx.op(Op.OR, taken, ctx.op(Op.EQ, iota, ctx.broadcast_to(idx, shape)))
         values.append(ext)
         indices.append(idx)
     if k == 0:
         empty = [0 if d == dim else s for d, s in enumerate(shape)]
         return ctx.full(0, empty, dt), ctx.full(0, empty, DType.I64)
-    cat = (lambda vs: vs[0] if len(vs) == 1 else ctx.op(Op.CONCAT, *vs, axis=dim))
-    return cat(values), cat(indices)
+    return ctx.concat(values, axis=dim), ctx.concat(indices, axis=dim)
 
 
 @register_lowering(aten.constant_pad_nd.default)
@@ -405,13 +422,21 @@ def lower_constant_pad(ctx: LowerCtx, x: Value, pad, value=0) -> Value:
             if width is None:
                 parts.append(y)
             elif width > 0:
-                parts.append(ctx.full(value, [width if d == dim else s for d, s in enumerate(y.type.shape)], y.type.dtype))
-        y = parts[0] if len(parts) == 1 else ctx.op(Op.CONCAT, *parts, axis=dim)
+                parts.append(
+                    ctx.full(
+                        value,
+                        [width if d == dim else s for d, s in enumerate(y.type.shape)],
+                        y.type.dtype,
+                    )
+                )
+        y = ctx.concat(parts, axis=dim)
     return y
 
 
 @register_lowering(aten.slice_scatter.default)
-def lower_slice_scatter(ctx: LowerCtx, x: Value, src: Value, dim: int = 0, start=None, end=None, step: int = 1) -> Value:
+def lower_slice_scatter(
+    ctx: LowerCtx, x: Value, src: Value, dim: int = 0, start=None, end=None, step: int = 1
+) -> Value:
     """x with x[start:end] along dim replaced by src (step 1): a concat of the three pieces."""
     if step != 1:
         raise ctx.unsupported("slice_scatter with a step other than 1")
@@ -419,8 +444,16 @@ def lower_slice_scatter(ctx: LowerCtx, x: Value, src: Value, dim: int = 0, start
     size = x.type.shape[dim]
     r = range(size)[slice(start, end, 1)]
     lo, hi = r.start, r.start + len(r)
-    parts = [p for p in (slice_axis(ctx, x, dim, 0, lo, 1), ctx.cast(src, x.type.dtype), slice_axis(ctx, x, dim, hi, size, 1)) if p.type.shape[dim]]
-    return parts[0] if len(parts) == 1 else ctx.op(Op.CONCAT, *parts, axis=dim)
+    parts = [
+        p
+        for p in (
+            slice_axis(ctx, x, dim, 0, lo, 1),
+            ctx.cast(src, x.type.dtype),
+            slice_axis(ctx, x, dim, hi, size, 1),
+        )
+        if p.type.shape[dim]
+    ]
+    return ctx.concat(parts, axis=dim)
 
 
 @register_lowering(aten.prod.default, aten.prod.dim_int)
@@ -440,7 +473,12 @@ def lower_cumprod(ctx: LowerCtx, x: Value, dim: int, dtype=None) -> Value:
     n, k = y.type.shape[dim], 1
     while k < n:
         pad_shape = [k if d == dim else s for d, s in enumerate(y.type.shape)]
-        shifted = ctx.op(Op.CONCAT, ctx.full(1, pad_shape, out.dtype), slice_axis(ctx, y, dim, 0, n - k, 1), axis=dim)
+        shifted = ctx.op(
+            Op.CONCAT,
+            ctx.full(1, pad_shape, out.dtype),
+            slice_axis(ctx, y, dim, 0, n - k, 1),
+            axis=dim,
+        )
         y = ctx.op(Op.MUL, y, shifted)
         k *= 2
     return y
@@ -448,8 +486,12 @@ def lower_cumprod(ctx: LowerCtx, x: Value, dim: int, dtype=None) -> Value:
 
 def _diagonal_mask(ctx: LowerCtx, n1: int, n2: int, offset: int) -> Value:
     """bool[n1, n2]: true where j - i == offset."""
-    i = ctx.broadcast_to(ctx.reshape(ctx.op(Op.IOTA, n=n1, start=offset, step=1, dtype=DType.I64), [n1, 1]), [n1, n2])
-    j = ctx.broadcast_to(ctx.reshape(ctx.op(Op.IOTA, n=n2, start=0, step=1, dtype=DType.I64), [1, n2]), [n1, n2])
+    i = ctx.broadcast_to(
+        ctx.reshape(ctx.op(Op.IOTA, n=n1, start=offset, step=1, dtype=DType.I64), [n1, 1]), [n1, n2]
+    )
+    j = ctx.broadcast_to(
+        ctx.reshape(ctx.op(Op.IOTA, n=n2, start=0, step=1, dtype=DType.I64), [1, n2]), [n1, n2]
+    )
     return ctx.op(Op.EQ, i, j)
 
 
@@ -474,7 +516,9 @@ def lower_diagonal(ctx: LowerCtx, x: Value, offset: int = 0, dim1: int = 0, dim2
 
 
 @register_lowering(aten.diagonal_scatter.default)
-def lower_diagonal_scatter(ctx: LowerCtx, x: Value, src: Value, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Value:
+def lower_diagonal_scatter(
+    ctx: LowerCtx, x: Value, src: Value, offset: int = 0, dim1: int = 0, dim2: int = 1
+) -> Value:
     d1, d2 = norm_dim(dim1, x.type.rank), norm_dim(dim2, x.type.rank)
     t = _diag_axes_last(ctx, x, d1, d2)
     n1, n2 = t.type.shape[-2:]
@@ -484,12 +528,16 @@ def lower_diagonal_scatter(ctx: LowerCtx, x: Value, src: Value, offset: int = 0,
     k = src.type.shape[-1]
     start = 0 if offset >= 0 else -offset
     col = ctx.reshape(ctx.cast(src, x.type.dtype), [*lead, k, 1])
-    parts = [p for p in (
-        ctx.full(0, [*lead, start, 1], x.type.dtype) if start else None,
-        col,
-        ctx.full(0, [*lead, n1 - start - k, 1], x.type.dtype) if n1 - start - k else None,
-    ) if p is not None]
-    rows = parts[0] if len(parts) == 1 else ctx.op(Op.CONCAT, *parts, axis=len(lead))
+    parts = [
+        p
+        for p in (
+            ctx.full(0, [*lead, start, 1], x.type.dtype) if start else None,
+            col,
+            ctx.full(0, [*lead, n1 - start - k, 1], x.type.dtype) if n1 - start - k else None,
+        )
+        if p is not None
+    ]
+    rows = ctx.concat(parts, axis=len(lead))
     placed = ctx.op(Op.WHERE, mask, ctx.broadcast_to(rows, t.type.shape), t)
     rank = x.type.rank
     perm = [d for d in range(rank) if d not in (d1, d2)] + [d1, d2]
@@ -501,17 +549,16 @@ def lower_repeat(ctx: LowerCtx, x: Value, repeats) -> Value:
     """Broadcast each axis to [r, n] and merge: row-major order is repeat's order."""
     lead = len(repeats) - x.type.rank
     shape = [1] * lead + list(x.type.shape)
-    inter = []
-    for r, n in zip(repeats, shape, strict=True):
-        inter += [1, n]
-    y = ctx.reshape(x, inter)
+    y = ctx.reshape(x, [v for n in shape for v in (1, n)])
     y = ctx.broadcast_to(y, [v for r, n in zip(repeats, shape, strict=True) for v in (r, n)])
     return ctx.reshape(y, ctx.out_type().shape)
 
 
 @register_lowering(aten.mv.default)
 def lower_mv(ctx: LowerCtx, a: Value, v: Value) -> Value:
-    return ctx.reshape(ctx.op(Op.MATMUL, a, ctx.reshape(v, [v.type.numel, 1])), ctx.out_type().shape)
+    return ctx.reshape(
+        ctx.op(Op.MATMUL, a, ctx.reshape(v, [v.type.numel, 1])), ctx.out_type().shape
+    )
 
 
 @register_lowering(aten.dot.default)

@@ -76,10 +76,14 @@ def report_fallback(declined: dict[torch.fx.Node, str]) -> None:
             warnings.warn(f"neuroncc runs {op} eagerly in PyTorch: {why}", stacklevel=4)
 
 
-def split_graph(gm: torch.fx.GraphModule, declined: dict[torch.fx.Node, str]) -> torch.fx.GraphModule:
+def split_graph(
+    gm: torch.fx.GraphModule, declined: dict[torch.fx.Node, str]
+) -> torch.fx.GraphModule:
     """gm with every supported region moved into a `fused_N` submodule (always returning a
     tuple), whose placeholders carry the metadata the importer needs."""
-    partitioner = CapabilityBasedPartitioner(gm, _Support(declined), allows_single_node_partition=True)
+    partitioner = CapabilityBasedPartitioner(
+        gm, _Support(declined), allows_single_node_partition=True
+    )
     split = partitioner.fuse_partitions(partitioner.propose_partitions())
     for node in split.graph.nodes:
         if node.op == "call_module":

@@ -90,6 +90,9 @@ class LowerCtx:
         perm = tuple(perm)
         return v if perm == tuple(range(len(perm))) else self.op(Op.TRANSPOSE, v, perm=perm)
 
+    def concat(self, parts: Sequence[Value], axis: int) -> Value:
+        return parts[0] if len(parts) == 1 else self.op(Op.CONCAT, *parts, axis=axis)
+
     def full(self, value: float, shape: Sequence[int], dtype: DType) -> Value:
         return self.op(Op.FULL, shape=tuple(shape), value=value, dtype=dtype)
 

@@ -41,7 +41,12 @@ def _binary(n: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _reduce(n: Node, x: np.ndarray) -> np.ndarray:
-    fn = {Op.REDUCE_SUM: np.sum, Op.REDUCE_MAX: np.max, Op.REDUCE_MIN: np.min, Op.REDUCE_PROD: np.prod}[n.op]
+    fn = {
+        Op.REDUCE_SUM: np.sum,
+        Op.REDUCE_MAX: np.max,
+        Op.REDUCE_MIN: np.min,
+        Op.REDUCE_PROD: np.prod,
+    }[n.op]
     x = x.astype(compute_dtype(n.inputs[0].type.dtype))
     axes = n.attr("axes")
     if x.size == 0 and n.op in (Op.REDUCE_MAX, Op.REDUCE_MIN):

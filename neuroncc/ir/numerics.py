@@ -28,9 +28,32 @@ def erf(x: np.ndarray) -> np.ndarray:
     taylor *= 2.0 / math.sqrt(math.pi)
     # Chebyshev fit for erfc (fractional error < 1.2e-7), Numerical Recipes 6.2.
     t = 1.0 / (1.0 + 0.5 * a)
-    poly = -a * a - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418
-        + t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587
-        + t * (-0.82215223 + t * 0.17087277))))))))
+    poly = (
+        -a * a
+        - 1.26551223
+        + t
+        * (
+            1.00002368
+            + t
+            * (
+                0.37409196
+                + t
+                * (
+                    0.09678418
+                    + t
+                    * (
+                        -0.18628806
+                        + t
+                        * (
+                            0.27886807
+                            + t
+                            * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))
+                        )
+                    )
+                )
+            )
+        )
+    )
     erfc = t * np.exp(poly)
     far = np.sign(x64) * (1.0 - erfc)
     return np.where(a < 0.5, taylor, far).astype(np.float32)

@@ -233,13 +233,21 @@ OP_TABLE: dict[Op, OpInfo] = {
     ),
     Op.REVERSE: OpInfo(Kind.MOVEMENT, 1, R.reverse, Engine.DMA, {"axes": "ints"}),
     Op.STRIDED: OpInfo(
-        Kind.MOVEMENT, 1, R.strided, Engine.DMA, {"shape": "ints", "strides": "ints", "offset": "int"}
+        Kind.MOVEMENT,
+        1,
+        R.strided,
+        Engine.DMA,
+        {"shape": "ints", "strides": "ints", "offset": "int"},
     ),
     Op.CONCAT: OpInfo(Kind.MOVEMENT, -1, R.concat, Engine.DMA, {"axis": "int"}),
     Op.TAKE: OpInfo(Kind.INDEX, 2, R.take, Engine.DMA),
     Op.PUT: OpInfo(Kind.INDEX, 3, R.put, Engine.DMA, {"accumulate": "bool"}),
     Op.FULL: OpInfo(
-        Kind.CONSTANT, 0, R.full, Engine.GPSIMD, {"shape": "ints", "value": "scalar", "dtype": "dtype"}
+        Kind.CONSTANT,
+        0,
+        R.full,
+        Engine.GPSIMD,
+        {"shape": "ints", "value": "scalar", "dtype": "dtype"},
     ),
     Op.IOTA: OpInfo(
         Kind.CONSTANT,
@@ -251,7 +259,9 @@ OP_TABLE: dict[Op, OpInfo] = {
 }
 
 ELEMENTWISE = frozenset(
-    op for op, i in OP_TABLE.items() if i.kind in (Kind.UNARY, Kind.BINARY, Kind.COMPARE, Kind.SELECT, Kind.CAST)
+    op
+    for op, i in OP_TABLE.items()
+    if i.kind in (Kind.UNARY, Kind.BINARY, Kind.COMPARE, Kind.SELECT, Kind.CAST)
 )
 REDUCE = frozenset(op for op, i in OP_TABLE.items() if i.kind == Kind.REDUCE)
 MOVEMENT = frozenset(op for op, i in OP_TABLE.items() if i.kind == Kind.MOVEMENT)

@@ -66,7 +66,11 @@ def _parse_attrs(text: str | None, schema: dict[str, str]) -> dict[str, object]:
 
 
 def parse(text: str) -> Graph:
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    lines = [
+        ln.strip()
+        for ln in text.strip().splitlines()
+        if ln.strip() and not ln.strip().startswith("#")
+    ]
     if not lines:
         raise ParseError("empty input")
     m = _HEADER.match(lines[0])

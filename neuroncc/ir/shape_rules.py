@@ -134,8 +134,13 @@ def strided(ins: Sequence[TensorType], attrs: Mapping[str, Any]) -> TensorType:
     (t,) = ins
     shape, strides, offset = tuple(attrs["shape"]), tuple(attrs["strides"]), attrs["offset"]
     if len(shape) != len(strides) or any(s < 0 for s in strides) or offset < 0:
-        raise ShapeError(f"strided view needs one non-negative stride per axis, got {list(strides)}")
-    if math.prod(shape) and offset + sum((n - 1) * s for n, s in zip(shape, strides, strict=True)) >= t.numel:
+        raise ShapeError(
+            f"strided view needs one non-negative stride per axis, got {list(strides)}"
+        )
+    if (
+        math.prod(shape)
+        and offset + sum((n - 1) * s for n, s in zip(shape, strides, strict=True)) >= t.numel
+    ):
         raise ShapeError(f"strided view {list(shape)}/{list(strides)}+{offset} reads outside {t}")
     return TensorType(shape, t.dtype)
 
@@ -169,7 +174,9 @@ def put(ins: Sequence[TensorType], attrs: Mapping[str, Any]) -> TensorType:
     if table.rank != 2 or idx.rank != 1 or not idx.dtype.is_int:
         raise ShapeError(f"put needs a 2-d table and 1-d integer indices, got {table} and {idx}")
     if rows != TensorType((idx.shape[0], table.shape[1]), table.dtype):
-        raise ShapeError(f"put rows must be {table.dtype.value}[{idx.shape[0]},{table.shape[1]}], got {rows}")
+        raise ShapeError(
+            f"put rows must be {table.dtype.value}[{idx.shape[0]},{table.shape[1]}], got {rows}"
+        )
     return table
 
 

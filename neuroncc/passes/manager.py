@@ -43,7 +43,9 @@ class PipelineResult:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def run_pipeline(g: Graph, passes: Sequence[Pass], ctx: PassContext, snapshots: bool = False) -> PipelineResult:
+def run_pipeline(
+    g: Graph, passes: Sequence[Pass], ctx: PassContext, snapshots: bool = False
+) -> PipelineResult:
     result = PipelineResult(g)
     for p in passes:
         start = time.perf_counter()

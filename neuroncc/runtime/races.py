@@ -48,7 +48,9 @@ class _Region:
 
 def _region(ref: isa.Operand) -> tuple[str, _Region]:
     if isinstance(ref, isa.TileRef):
-        return ref.mem, _Region(ref.p0, ref.p0 + ref.np, ref.offset, ref.offset + ref.free_bytes, None)
+        return ref.mem, _Region(
+            ref.p0, ref.p0 + ref.np, ref.offset, ref.offset + ref.free_bytes, None
+        )
     lo, hi = ref.span()
     idx = None
     if ref.contiguous_run() != ref.numel:
@@ -90,7 +92,9 @@ class RaceChecker:
         prev = self._last_on_engine.get(e)
         for d in ((prev,) if prev is not None else ()) + tuple(ins.deps):
             if not 0 <= d < ins_id:
-                raise RaceError(f"instruction {ins_id} ({ins.opcode}) waits on {d}, which is not earlier")
+                raise RaceError(
+                    f"instruction {ins_id} ({ins.opcode}) waits on {d}, which is not earlier"
+                )
             vc = np.maximum(vc, self._clocks[d])
         seq = self._seq.get(e, -1) + 1
         self._seq[e] = seq

@@ -85,9 +85,10 @@ def run_matmul(m: Memories, ins: isa.Matmul, t: Target) -> None:
         )
     if dst.shape != (st.free_elems, mv.free_elems) or dst.dtype.value != "f32":
         raise SimulationError(f"matmul result {dst} must be f32[{st.free_elems},{mv.free_elems}]")
-    if dst.free_bytes > t.psum_bank_bytes or dst.offset // t.psum_bank_bytes != (
-        dst.offset + dst.free_bytes - 1
-    ) // t.psum_bank_bytes:
+    if (
+        dst.free_bytes > t.psum_bank_bytes
+        or dst.offset // t.psum_bank_bytes != (dst.offset + dst.free_bytes - 1) // t.psum_bank_bytes
+    ):
         raise SimulationError(f"matmul result {dst} must lie in one PSUM bank")
     a = m.tile(st).reshape(st.np, -1).astype(np.float32)
     b = m.tile(mv).reshape(mv.np, -1).astype(np.float32)

@@ -55,7 +55,9 @@ class Stats:
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
-            out: dict[str, Any] = {k: (v if k == "device_seconds" else int(v)) for k, v in self._values.items()}
+            out: dict[str, Any] = {
+                k: (v if k == "device_seconds" else int(v)) for k, v in self._values.items()
+            }
             out["fallback_nodes"] = dict(self._fallback)
             out["engine_busy_seconds"] = dict(self._engine_busy)
         return out

@@ -32,7 +32,9 @@ def check(g, inputs=None, target=TRN2, rtol=1e-5, atol=1e-5):
     want = interpret(g, inputs)
     for a, b in zip(got, want, strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape
-        np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=rtol, atol=atol, equal_nan=True)
+        np.testing.assert_allclose(
+            a.astype(np.float64), b.astype(np.float64), rtol=rtol, atol=atol, equal_nan=True
+        )
     return exe
 
 
@@ -49,7 +51,14 @@ def _unary_graph(op, shape, dtype=DType.F32, **attrs):
 
 @pytest.mark.parametrize(
     ("m", "k", "n", "batch"),
-    [(1, 1, 1, ()), (4, 8, 16, ()), (130, 129, 513, ()), (3, 300, 700, ()), (5, 7, 9, (3,)), (2, 0, 3, ())],
+    [
+        (1, 1, 1, ()),
+        (4, 8, 16, ()),
+        (130, 129, 513, ()),
+        (3, 300, 700, ()),
+        (5, 7, 9, (3,)),
+        (2, 0, 3, ()),
+    ],
 )
 @pytest.mark.parametrize("dtype", [DType.F32, DType.BF16])
 def test_matmul_tiles(m, k, n, batch, dtype):
@@ -114,7 +123,11 @@ def test_movement_ops():
     t = b.op(Op.TRANSPOSE, x, perm=[2, 0, 1])
     s = b.op(Op.SLICE, x, starts=[1, 3, 0], stops=[6, 130, 5], steps=[2, 7, 3])
     c = b.op(Op.CONCAT, x, x, b.op(Op.FULL, shape=[6, 130, 1], value=2.0, dtype=DType.F32), axis=2)
-    r = b.op(Op.BROADCAST, b.op(Op.RESHAPE, b.op(Op.REDUCE_SUM, x, axes=[2], keepdim=True), shape=[6, 130, 1]), shape=[6, 130, 4])
+    r = b.op(
+        Op.BROADCAST,
+        b.op(Op.RESHAPE, b.op(Op.REDUCE_SUM, x, axes=[2], keepdim=True), shape=[6, 130, 1]),
+        shape=[6, 130, 4],
+    )
     v = b.op(Op.REVERSE, x, axes=[0, 2])
     w = b.op(Op.STRIDED, x, shape=[5, 3, 4], strides=[130, 7, 1], offset=2)  # overlapping windows
     check(b.build([t, s, c, r, v, w]))

@@ -11,7 +11,18 @@ import neuroncc
 
 transformers = pytest.importorskip("transformers")
 
-ARCHS = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "phi3", "gpt2", "gpt_neox", "opt", "mixtral"]
+ARCHS = [
+    "llama",
+    "qwen2",
+    "qwen3",
+    "mistral",
+    "gemma2",
+    "phi3",
+    "gpt2",
+    "gpt_neox",
+    "opt",
+    "mixtral",
+]
 SMALL = dict(
     num_hidden_layers=2,
     hidden_size=64,
@@ -40,7 +51,9 @@ def neuron_compile_config():
     """The supported way to make `generate` compile on a CPU host (transformers 5.24 compiles
     by itself only on cuda/xpu/neuron/tpu devices): an explicit CompileConfig with
     `_compile_all_devices` set."""
-    cc = transformers.CompileConfig(backend="neuron", fullgraph=False, dynamic=False, mode="default")
+    cc = transformers.CompileConfig(
+        backend="neuron", fullgraph=False, dynamic=False, mode="default"
+    )
     cc._compile_all_devices = True
     return cc
 
@@ -53,7 +66,11 @@ def test_generate_logits_and_training_step(arch, fresh):
     # 1. Greedy decoding with a static KV cache: the compiled decode step mutates the cache.
     want = model.generate(ids, max_new_tokens=5, do_sample=False, cache_implementation="static")
     got = model.generate(
-        ids, max_new_tokens=5, do_sample=False, cache_implementation="static", compile_config=neuron_compile_config()
+        ids,
+        max_new_tokens=5,
+        do_sample=False,
+        cache_implementation="static",
+        compile_config=neuron_compile_config(),
     )
     assert got.tolist() == want.tolist()
     s = neuroncc.stats()
@@ -62,7 +79,9 @@ def test_generate_logits_and_training_step(arch, fresh):
     # 2. Full-sequence forward.
     torch._dynamo.reset()
     with torch.no_grad():
-        torch.testing.assert_close(torch.compile(model, backend="neuron")(ids).logits, model(ids).logits, **TOL)
+        torch.testing.assert_close(
+            torch.compile(model, backend="neuron")(ids).logits, model(ids).logits, **TOL
+        )
 
     # 3. A training step: loss and every gradient.
     model.train()
@@ -94,9 +113,18 @@ def _train(backend: str | None) -> list[float]:
     model = small_model("llama")
     extra = {"torch_compile_backend": backend} if backend else {}
     args = transformers.TrainingArguments(
-        output_dir=tempfile.mkdtemp(), max_steps=10, per_device_train_batch_size=4, learning_rate=1e-3,
-        logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, seed=0, data_seed=0,
-        disable_tqdm=True, **extra,
+        output_dir=tempfile.mkdtemp(),
+        max_steps=10,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        seed=0,
+        data_seed=0,
+        disable_tqdm=True,
+        **extra,
     )
     trainer = transformers.Trainer(model=model, args=args, train_dataset=_Tokens())
     trainer.train()
@@ -116,8 +144,15 @@ def test_diffusers_regional_compile_shares_one_compile(fresh):
     diffusers = pytest.importorskip("diffusers")
     torch.manual_seed(0)
     model = diffusers.FluxTransformer2DModel(
-        patch_size=1, in_channels=4, num_layers=2, num_single_layers=2, attention_head_dim=8,
-        num_attention_heads=2, joint_attention_dim=16, pooled_projection_dim=8, axes_dims_rope=(2, 2, 4),
+        patch_size=1,
+        in_channels=4,
+        num_layers=2,
+        num_single_layers=2,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        joint_attention_dim=16,
+        pooled_projection_dim=8,
+        axes_dims_rope=(2, 2, 4),
     ).eval()
     inputs = dict(
         hidden_states=torch.randn(1, 16, 4),

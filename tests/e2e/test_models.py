@@ -26,7 +26,9 @@ def _grads(model):
 
 def test_mlp_forward_and_backward(fresh):
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 5))
+    model = nn.Sequential(
+        nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 5)
+    )
     x = torch.randn(16, 20)
     expected = model(x)
     expected.square().mean().backward()
@@ -105,18 +107,26 @@ def _block_b(x, w):  # another function, so Dynamo traces it anew; the same grap
 
 def test_identical_graphs_share_one_compile(fresh):
     x, w1, w2 = torch.randn(4, 8), torch.randn(8, 8), torch.randn(8, 8)
-    torch.testing.assert_close(torch.compile(_block_a, backend="neuron")(x, w1), _block_a(x, w1), **TOL)
-    torch.testing.assert_close(torch.compile(_block_b, backend="neuron")(x, w2), _block_b(x, w2), **TOL)
+    torch.testing.assert_close(
+        torch.compile(_block_a, backend="neuron")(x, w1), _block_a(x, w1), **TOL
+    )
+    torch.testing.assert_close(
+        torch.compile(_block_b, backend="neuron")(x, w2), _block_b(x, w2), **TOL
+    )
     s = neuroncc.stats()
     assert (s["dynamo_graphs"], s["compiles"], s["cache_hits_memory"]) == (2, 1, 1)
 
 
 def test_options_and_environment(fresh, monkeypatch):
     x = torch.randn(3, 3)
-    with pytest.raises(Exception, match=r"unknown neuroncc option\(s\) \['tile'\]; allowed: target, opt_level"):
+    with pytest.raises(
+        Exception, match=r"unknown neuroncc option\(s\) \['tile'\]; allowed: target, opt_level"
+    ):
         torch.compile(torch.sin, backend="neuron", options={"tile": 4})(x)
     torch._dynamo.reset()
-    with pytest.raises(Exception, match="option target='trn9': Input should be 'trn1', 'trn2' or 'trn3'"):
+    with pytest.raises(
+        Exception, match="option target='trn9': Input should be 'trn1', 'trn2' or 'trn3'"
+    ):
         torch.compile(torch.cos, backend="neuron", options={"target": "trn9"})(x)
     torch._dynamo.reset()
     with pytest.raises(Exception, match="auto_cast='matmul' .* is not implemented yet"):
@@ -144,7 +154,10 @@ def _sort_between(x):
 
 def test_unsupported_op_runs_eagerly_between_compiled_regions(fresh):
     x = torch.randn(4, 6)
-    with pytest.warns(UserWarning, match=r"neuroncc runs aten\.sort\.default eagerly in PyTorch: no lowering for op"):
+    with pytest.warns(
+        UserWarning,
+        match=r"neuroncc runs aten\.sort\.default eagerly in PyTorch: no lowering for op",
+    ):
         got = torch.compile(_sort_between, backend="neuron")(x)
     torch.testing.assert_close(got, _sort_between(x), **TOL)
     s = neuroncc.stats()
@@ -153,14 +166,19 @@ def test_unsupported_op_runs_eagerly_between_compiled_regions(fresh):
 
 
 def test_fallback_off_names_the_op(fresh):
-    with pytest.raises(Exception, match=r"uses ops neuroncc cannot compile: \['aten\.sort\.default'\]"):
+    with pytest.raises(
+        Exception, match=r"uses ops neuroncc cannot compile: \['aten\.sort\.default'\]"
+    ):
         torch.compile(_sort_between, backend="neuron", options={"fallback": False})(torch.randn(5))
 
 
 def test_tensors_too_large_for_hbm_are_an_error_with_sizes(fresh):
     # The 32 GiB intermediate exists only as a fake tensor at compile time.
     f = torch.compile(lambda x: (x.expand(2**31, 4) * 2).sum(0), backend="neuron")
-    with pytest.raises(Exception, match=r"tensors do not fit in HBM: 32.00 GiB needed .* trn2 has 24 GiB per NeuronCore"):
+    with pytest.raises(
+        Exception,
+        match=r"tensors do not fit in HBM: 32.00 GiB needed .* trn2 has 24 GiB per NeuronCore",
+    ):
         f(torch.ones(1, 4))
 
 
@@ -173,7 +191,9 @@ def test_compiler_failure_falls_back_for_that_graph(fresh, monkeypatch):
 
     monkeypatch.setattr(backend, "emit_graph", broken)
     x = torch.randn(3)
-    with pytest.warns(UserWarning, match=r"could not compile graph .* \(stage program\): emitting %3 = exp"):
+    with pytest.warns(
+        UserWarning, match=r"could not compile graph .* \(stage program\): emitting %3 = exp"
+    ):
         got = torch.compile(lambda x: torch.exp(x) + 1, backend="neuron")(x)
     torch.testing.assert_close(got, torch.exp(x) + 1)
     assert neuroncc.stats()["fallback_nodes"] == {"graph:program": 1}
@@ -210,11 +230,15 @@ def test_compiled_path_computes_nothing_with_aten(fresh, monkeypatch):
     loss.backward()
     assert neuroncc.stats()["executions"] == 2
     # detach/contiguous/view: torch -> numpy; lift_fresh: torch.from_numpy wrapping the result.
-    assert recorder.ops <= {"detach", "contiguous", "clone", "view", "alias", "lift_fresh"}, recorder.ops
+    assert recorder.ops <= {"detach", "contiguous", "clone", "view", "alias", "lift_fresh"}, (
+        recorder.ops
+    )
 
 
 def test_dump_dir_writes_every_stage(fresh, tmp_path):
-    f = torch.compile(lambda x: F.gelu(x @ x.T).sum(-1), backend="neuron", options={"dump_dir": str(tmp_path)})
+    f = torch.compile(
+        lambda x: F.gelu(x @ x.T).sum(-1), backend="neuron", options={"dump_dir": str(tmp_path)}
+    )
     f(torch.randn(4, 4))
     (folder,) = tmp_path.iterdir()
     names = sorted(p.name for p in folder.iterdir())
@@ -273,7 +297,12 @@ def test_bf16_transformer_forward_and_backward(fresh):
 
 
 def _python(code: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args, code] if code else [sys.executable, *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, *args, code] if code else [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_backend_entry_point_works_without_importing_neuroncc():
@@ -291,7 +320,9 @@ def test_backend_entry_point_works_without_importing_neuroncc():
 def test_main_job():
     res = subprocess.run(
         [sys.executable, "-m", "neuroncc", "--layers", "1", "--seq", "16"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "-> MATCH" in res.stdout

@@ -8,12 +8,53 @@ pytest.importorskip("expecttest")
 from tools.opinfo_sweep import run_op  # noqa: E402
 
 QUICK = [
-    "add", "sub", "mul", "div.no_rounding_mode", "div.trunc_rounding", "div.floor_rounding", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid",
-    "sin", "cos", "erf", "maximum", "minimum", "clamp", "where", "sum", "mean", "amax", "amin",
-    "softmax", "log_softmax", "mm", "bmm", "matmul", "addmm", "transpose", "permute", "reshape",
-    "cat", "flip", "cumsum", "gather", "index_select", "nn.functional.gelu", "nn.functional.silu",
-    "nn.functional.relu", "nn.functional.layer_norm", "nn.functional.embedding",
-    "nn.functional.cross_entropy", "topk", "argmax",
+    "add",
+    "sub",
+    "mul",
+    "div.no_rounding_mode",
+    "div.trunc_rounding",
+    "div.floor_rounding",
+    "neg",
+    "abs",
+    "exp",
+    "log",
+    "sqrt",
+    "rsqrt",
+    "tanh",
+    "sigmoid",
+    "sin",
+    "cos",
+    "erf",
+    "maximum",
+    "minimum",
+    "clamp",
+    "where",
+    "sum",
+    "mean",
+    "amax",
+    "amin",
+    "softmax",
+    "log_softmax",
+    "mm",
+    "bmm",
+    "matmul",
+    "addmm",
+    "transpose",
+    "permute",
+    "reshape",
+    "cat",
+    "flip",
+    "cumsum",
+    "gather",
+    "index_select",
+    "nn.functional.gelu",
+    "nn.functional.silu",
+    "nn.functional.relu",
+    "nn.functional.layer_norm",
+    "nn.functional.embedding",
+    "nn.functional.cross_entropy",
+    "topk",
+    "argmax",
 ]
 
 
@@ -21,7 +62,9 @@ QUICK = [
 def ops():
     from torch.testing._internal.common_methods_invocations import op_db
 
-    return {op.name + (f".{op.variant_test_name}" if op.variant_test_name else ""): op for op in op_db}
+    return {
+        op.name + (f".{op.variant_test_name}" if op.variant_test_name else ""): op for op in op_db
+    }
 
 
 @pytest.mark.parametrize("name", QUICK)

@@ -41,8 +41,14 @@ def test_golden_text():
     [
         ("", "empty input"),
         ("graph main() {", "line 1: expected 'graph @name(...) {'"),
-        ("graph @g(%0: f32[2]) {\n  %1 = frob %0 : f32[2]\n  return %1\n}", "line 2: unknown op 'frob'"),
-        ("graph @g(%0: f32[2]) {\n  %1 = exp %7 : f32[2]\n  return %1\n}", "line 2: %7 is used before it is defined"),
+        (
+            "graph @g(%0: f32[2]) {\n  %1 = frob %0 : f32[2]\n  return %1\n}",
+            "line 2: unknown op 'frob'",
+        ),
+        (
+            "graph @g(%0: f32[2]) {\n  %1 = exp %7 : f32[2]\n  return %1\n}",
+            "line 2: %7 is used before it is defined",
+        ),
         (
             "graph @g(%0: f32[2]) {\n  %1 = exp %0 : f32[3]\n  return %1\n}",
             "line 2: type f32[3] disagrees with the shape rule (f32[2])",

@@ -60,8 +60,12 @@ def test_wrong_arity_and_attrs():
     with pytest.raises(VerifyError, match="exp takes 1 inputs, got 2"):
         verify(_replace_node(g, 0, dataclasses.replace(n, inputs=(n.inputs[0],) * 2)))
     r = g.nodes[2]
-    with pytest.raises(VerifyError, match=r"reduce axes must be the trailing axes of f32\[4,8\], got \[0\]"):
-        verify(_replace_node(g, 2, dataclasses.replace(r, attrs=(("axes", (0,)), ("keepdim", False)))))
+    with pytest.raises(
+        VerifyError, match=r"reduce axes must be the trailing axes of f32\[4,8\], got \[0\]"
+    ):
+        verify(
+            _replace_node(g, 2, dataclasses.replace(r, attrs=(("axes", (0,)), ("keepdim", False))))
+        )
 
 
 def test_undefined_output():
@@ -73,10 +77,19 @@ def test_undefined_output():
 @pytest.mark.parametrize(
     ("build", "message"),
     [
-        (lambda b, x: b.op(Op.MATMUL, x, x), r"matmul shapes do not agree: f32\[4,8\] @ f32\[4,8\]"),
-        (lambda b, x: b.op(Op.BROADCAST, x, shape=[4, 9]), r"cannot broadcast f32\[4,8\] to \[4, 9\]"),
+        (
+            lambda b, x: b.op(Op.MATMUL, x, x),
+            r"matmul shapes do not agree: f32\[4,8\] @ f32\[4,8\]",
+        ),
+        (
+            lambda b, x: b.op(Op.BROADCAST, x, shape=[4, 9]),
+            r"cannot broadcast f32\[4,8\] to \[4, 9\]",
+        ),
         (lambda b, x: b.op(Op.AND, x, x), "logical op needs bool operands"),
-        (lambda b, x: b.op(Op.SLICE, x, starts=[0, 0], stops=[5, 8], steps=[1, 1]), r"out of range"),
+        (
+            lambda b, x: b.op(Op.SLICE, x, starts=[0, 0], stops=[5, 8], steps=[1, 1]),
+            r"out of range",
+        ),
         (lambda b, x: b.op(Op.EXP, x, axis=1), r"unknown \['axis'\]"),
     ],
 )

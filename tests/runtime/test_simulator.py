@@ -28,66 +28,94 @@ def _io_program(make_instrs, shape=(4, 8)):
     dst = isa.DramRef("out", 0, F32, ((shape[1], shape[0]), (1, shape[1])))
     instrs = make_instrs(tile, tile2, src, dst)
     loc_in, loc_out = ValueLoc("in0", shape, F32), ValueLoc("out", shape, F32)
-    return Executable("t", "trn2", pb._hbm_top, tuple(pb.buffers.values()), (loc_in,), (loc_out,), tuple(instrs), ())
+    return Executable(
+        "t",
+        "trn2",
+        pb._hbm_top,
+        tuple(pb.buffers.values()),
+        (loc_in,),
+        (loc_out,),
+        tuple(instrs),
+        (),
+    )
 
 
 def test_correct_dependencies_run():
-    exe = _io_program(lambda t, t2, s, d: [
-        isa.Dma("q0", dst=t, src=s),
-        isa.Activation("act", func="exp", dst=t2, src=t, deps=(0,)),
-        isa.Dma("q1", dst=d, src=t2, deps=(1,)),
-    ])
+    exe = _io_program(
+        lambda t, t2, s, d: [
+            isa.Dma("q0", dst=t, src=s),
+            isa.Activation("act", func="exp", dst=t2, src=t, deps=(0,)),
+            isa.Dma("q1", dst=d, src=t2, deps=(1,)),
+        ]
+    )
     x = np.arange(32, dtype=np.float32).reshape(4, 8) / 10
     (y,) = run(exe, [x], TRN2)
     np.testing.assert_allclose(y, np.exp(x), rtol=1e-6)
 
 
 def test_missing_read_after_write_dependency_is_a_race():
-    exe = _io_program(lambda t, t2, s, d: [
-        isa.Dma("q0", dst=t, src=s),
-        isa.Activation("act", func="exp", dst=t2, src=t),  # no wait on the load
-        isa.Dma("q1", dst=d, src=t2, deps=(1,)),
-    ])
-    with pytest.raises(RaceError, match=r"instruction 1 \(activation@act\) reads .* while instruction 0 \(dma@q0\) writes it"):
+    exe = _io_program(
+        lambda t, t2, s, d: [
+            isa.Dma("q0", dst=t, src=s),
+            isa.Activation("act", func="exp", dst=t2, src=t),  # no wait on the load
+            isa.Dma("q1", dst=d, src=t2, deps=(1,)),
+        ]
+    )
+    with pytest.raises(
+        RaceError,
+        match=r"instruction 1 \(activation@act\) reads .* while instruction 0 \(dma@q0\) writes it",
+    ):
         run(exe, [np.zeros((4, 8), np.float32)], TRN2)
 
 
 def test_missing_write_after_read_dependency_is_a_race():
-    exe = _io_program(lambda t, t2, s, d: [
-        isa.Dma("q0", dst=t, src=s),
-        isa.Activation("act", func="exp", dst=t2, src=t, deps=(0,)),
-        isa.Dma("q1", dst=t, src=s),  # overwrites the tile act may still be reading
-        isa.Dma("q2", dst=d, src=t2, deps=(1,)),
-    ])
+    exe = _io_program(
+        lambda t, t2, s, d: [
+            isa.Dma("q0", dst=t, src=s),
+            isa.Activation("act", func="exp", dst=t2, src=t, deps=(0,)),
+            isa.Dma("q1", dst=t, src=s),  # overwrites the tile act may still be reading
+            isa.Dma("q2", dst=d, src=t2, deps=(1,)),
+        ]
+    )
     with pytest.raises(RaceError, match=r"instruction 2 \(dma@q1\) writes"):
         run(exe, [np.zeros((4, 8), np.float32)], TRN2)
 
 
 def test_transitive_order_is_enough():
     # q1 waits on act, act waited on q0: q1's overwrite is ordered after q0's write.
-    exe = _io_program(lambda t, t2, s, d: [
-        isa.Dma("q0", dst=t, src=s),
-        isa.Activation("act", func="exp", dst=t2, src=t, deps=(0,)),
-        isa.Dma("q1", dst=t, src=s, deps=(1,)),
-        isa.Dma("q2", dst=d, src=t2, deps=(1,)),
-    ])
+    exe = _io_program(
+        lambda t, t2, s, d: [
+            isa.Dma("q0", dst=t, src=s),
+            isa.Activation("act", func="exp", dst=t2, src=t, deps=(0,)),
+            isa.Dma("q1", dst=t, src=s, deps=(1,)),
+            isa.Dma("q2", dst=d, src=t2, deps=(1,)),
+        ]
+    )
     run(exe, [np.zeros((4, 8), np.float32)], TRN2)
 
 
 def test_bounds_are_checked():
-    oob = _io_program(lambda t, t2, s, d: [isa.Dma("q0", dst=t, src=isa.DramRef("in0", 30, F32, ((1, 32),)))])
+    oob = _io_program(
+        lambda t, t2, s, d: [isa.Dma("q0", dst=t, src=isa.DramRef("in0", 30, F32, ((1, 32),)))]
+    )
     with pytest.raises(SimulationError, match="elements 30..62 outside buffer of 32"):
         run(oob, [np.zeros((4, 8), np.float32)], TRN2)
     wide = isa.TileRef("sbuf", 100, 40, 0, F32, (8,))
     with pytest.raises(SimulationError, match="partitions 100..140 out of range"):
-        run(_io_program(lambda t, t2, s, d: [isa.Memset("pool", dst=wide, value=0.0)]), [np.zeros((4, 8), np.float32)], TRN2)
+        run(
+            _io_program(lambda t, t2, s, d: [isa.Memset("pool", dst=wide, value=0.0)]),
+            [np.zeros((4, 8), np.float32)],
+            TRN2,
+        )
 
 
 def test_matmul_tile_limits_are_enforced():
     st_ = isa.TileRef("sbuf", 0, 4, 0, F32, (8,))
     mv = isa.TileRef("sbuf", 0, 4, 4096, F32, (600,))
     ps = isa.TileRef("psum", 0, 8, 0, F32, (600,))
-    exe = _io_program(lambda t, t2, s, d: [isa.Matmul("pe", dst=ps, stationary=st_, moving=mv, accumulate=False)])
+    exe = _io_program(
+        lambda t, t2, s, d: [isa.Matmul("pe", dst=ps, stationary=st_, moving=mv, accumulate=False)]
+    )
     with pytest.raises(SimulationError, match=r"moving free 600 \(max 512\)"):
         run(exe, [np.zeros((4, 8), np.float32)], TRN2)
 
@@ -100,9 +128,13 @@ def test_fresh_sbuf_is_garbage_not_zero():
 
 def test_capacity_errors_name_the_sizes():
     pb = ProgramBuilder(TRN2)
-    with pytest.raises(CodegenError, match="SBUF overflow: needs 307200 bytes per partition, the target has 229376"):
+    with pytest.raises(
+        CodegenError, match="SBUF overflow: needs 307200 bytes per partition, the target has 229376"
+    ):
         pb.sbuf_pool(300 * 1024, bufs=1)
-    with pytest.raises(CodegenError, match=r"tensors do not fit in HBM: 32.00 GiB needed .* trn2 has 24 GiB"):
+    with pytest.raises(
+        CodegenError, match=r"tensors do not fit in HBM: 32.00 GiB needed .* trn2 has 24 GiB"
+    ):
         pb.dram("huge", (8, 2**30), F32)
 
 
@@ -136,8 +168,12 @@ def test_strided_dma_costs_more_than_contiguous():
     pb = ProgramBuilder(TRN1)
     pb.dram("a", (128, 128), F32, "input")
     pool = pb.sbuf_pool(512, bufs=2)
-    pb.dma(pool.tile(128, (128,), F32), isa.DramRef("a", 0, F32, ((128, 128), (1, 128))), queue="q0")
-    pb.dma(pool.tile(128, (128,), F32), isa.DramRef("a", 0, F32, ((1, 128), (128, 128))), queue="q1")
+    pb.dma(
+        pool.tile(128, (128,), F32), isa.DramRef("a", 0, F32, ((128, 128), (1, 128))), queue="q0"
+    )
+    pb.dma(
+        pool.tile(128, (128,), F32), isa.DramRef("a", 0, F32, ((1, 128), (128, 128))), queue="q1"
+    )
     exe = pb.finish([ValueLoc("a", (128, 128), F32)], [])
     prof = time_executable(exe, TRN1)
     assert prof.engine_busy_ns["q1"] > 10 * prof.engine_busy_ns["q0"]
