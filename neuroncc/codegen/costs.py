@@ -84,7 +84,7 @@ def instr_ns(ins: isa.Instr, t: Target) -> float:
         return dma_ns(ins.dst.np * row, row, t)
     if isinstance(ins, isa.DmaScatter):
         row = ins.src.free_bytes
-        moved = ins.src.np * row * (2 if ins.accumulate else 1)  # read-modify-write
+        moved = ins.src.np * row * (1 if ins.combine == "set" else 2)  # read-modify-write
         return dma_ns(moved, row, t)
     return compute_cycles(ins, t) / engine_ghz(ins.engine, t)
 

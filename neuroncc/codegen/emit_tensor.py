@@ -291,6 +291,6 @@ def emit_put(ctx: EmitCtx, n: Node) -> None:
             view = isa.DramRef(out, c0, dt, ((d, v), (1, f)))
             b.emit(
                 isa.DmaScatter(
-                    b.next_queue(), table=view, src=tr, index=ti, accumulate=n.attr("accumulate")
+                    b.next_queue(), table=view, src=tr, index=ti, combine=n.attr("combine")
                 )
             )

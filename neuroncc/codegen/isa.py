@@ -172,17 +172,20 @@ class DmaGather(Instr):
 
 @dataclass(frozen=True)
 class DmaScatter(Instr):
-    """Indirect DMA: table row index[i] = src row i, or += with accumulate (the DMA engine's
-    read-modify-write). Duplicate indices accumulate in order; without accumulate the last wins."""
+    """Indirect DMA: table row index[i] = src row i ("set"), or combined with it by the DMA
+    engine's read-modify-write ("add", "mul", "max", "min"). Repeated indices combine in order;
+    with "set" the last wins."""
 
     opcode: ClassVar[str] = "dma_scatter"
     table: DramRef
     src: TileRef
     index: TileRef
-    accumulate: bool
+    combine: str
 
     def reads(self):
-        return (self.src, self.index, self.table) if self.accumulate else (self.src, self.index)
+        if self.combine == "set":
+            return (self.src, self.index)
+        return (self.src, self.index, self.table)
 
     def writes(self):
         return (self.table,)

@@ -158,6 +158,9 @@ _PYTORCH_EXTRAS = [
     aten.aminmax.default,
     aten.im2col.default,
     aten.col2im.default,
+    aten._batch_norm_with_update_functional.default,
+    aten.batch_norm_backward.default,
+    aten._native_batch_norm_legit.default,
 ]
 
 

@@ -86,7 +86,8 @@ def _scatter(
     flat = _flat_positions(ctx, x, index, dim)
     rows = ctx.reshape(src, [flat.type.numel, 1])
     return ctx.reshape(
-        ctx.op(Op.PUT, table, flat, rows, accumulate=accumulate), ctx.out_type().shape
+        ctx.op(Op.PUT, table, flat, rows, combine="add" if accumulate else "set"),
+        ctx.out_type().shape,
     )
 
 
@@ -170,7 +171,7 @@ def _index_put_dim0(ctx: LowerCtx, x: Value, idx: Value, vals: Value, accumulate
         table,
         flat,
         ctx.cast(ctx.reshape(vals, [n, d]), x.type.dtype),
-        accumulate=accumulate,
+        combine="add" if accumulate else "set",
     )
     return ctx.reshape(out, x.type.shape)
 
@@ -231,3 +232,86 @@ def lower_put(
     idx = ctx.reshape(_wrap_negative(ctx, index, x.type.numel), [index.type.numel])
     out = _index_put_dim0(ctx, flat, idx, ctx.reshape(source, [source.type.numel]), accumulate)
     return ctx.reshape(out, x.type.shape)
+
+
+_REDUCE_COMBINE = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min", "mean": "add"}
+
+
+def _identity(reduce: str, dtype: DType) -> float:
+    if reduce in ("sum", "mean"):
+        return 0
+    if reduce == "prod":
+        return 1
+    if dtype.is_float:
+        return float("-inf") if reduce == "amax" else float("inf")
+    info = torch.iinfo(dtype.torch)
+    return info.min if reduce == "amax" else info.max
+
+
+@register_lowering(aten.scatter_reduce.two)
+def lower_scatter_reduce(
+    ctx: LowerCtx,
+    x: Value,
+    dim: int,
+    index: Value,
+    src: Value,
+    reduce: str,
+    *,
+    include_self: bool = True,
+) -> Value:
+    """Indirect DMA scatters with the DMA engine's combine: positions the index touches start
+    from the reduction's identity when include_self is false; mean divides a scattered sum by a
+    scattered count."""
+    if reduce not in _REDUCE_COMBINE:
+        raise ctx.unsupported(f"scatter_reduce reduce={reduce!r}")
+    if reduce == "mean" and not x.type.dtype.is_float:
+        raise ctx.unsupported("scatter_reduce mean on integers")
+    dim = norm_dim(dim, x.type.rank) if x.type.rank else 0
+    shape = x.type.shape or (1,)
+    xs = ctx.reshape(x, shape)
+    table = ctx.reshape(xs, [xs.type.numel, 1])
+    flat = _flat_positions(ctx, xs, ctx.reshape(index, index.type.shape or (1,)), dim)
+    n = flat.type.numel
+    rows = ctx.reshape(
+        _src_like(
+            ctx,
+            ctx.reshape(src, src.type.shape or (1,)),
+            ctx.reshape(index, index.type.shape or (1,)),
+            x,
+        ),
+        [n, 1],
+    )
+    dt = x.type.dtype
+    start = table
+    if not include_self:
+        start = ctx.op(
+            Op.PUT, table, flat, ctx.full(_identity(reduce, dt), [n, 1], dt), combine="set"
+        )
+    out = ctx.op(Op.PUT, start, flat, rows, combine=_REDUCE_COMBINE[reduce])
+    if reduce == "mean":
+        ones = ctx.full(1, [n, 1], dt)
+        base = ctx.full(1 if include_self else 0, table.type.shape, dt)
+        count = ctx.op(Op.PUT, base, flat, ones, combine="add")
+        zero = ctx.op(Op.EQ, count, ctx.full(0, count.type.shape, dt))
+        safe = ctx.op(Op.WHERE, zero, ctx.full(1, count.type.shape, dt), count)
+        out = ctx.op(Op.WHERE, zero, table, ctx.op(Op.DIV, out, safe))
+    return ctx.reshape(out, ctx.out_type().shape)
+
+
+@register_lowering(aten.index_reduce.default)
+def lower_index_reduce(
+    ctx: LowerCtx,
+    x: Value,
+    dim: int,
+    index: Value,
+    source: Value,
+    reduce: str,
+    *,
+    include_self: bool = True,
+) -> Value:
+    """x.index_reduce(dim, index, source): scatter_reduce with the 1-d index spread over source."""
+    dim = norm_dim(dim, x.type.rank) if x.type.rank else 0
+    shape = source.type.shape or (1,)
+    along = [index.type.numel if d == dim else 1 for d in range(len(shape))]
+    full_index = ctx.broadcast_to(ctx.reshape(index, along), shape)
+    return lower_scatter_reduce(ctx, x, dim, full_index, source, reduce, include_self=include_self)

@@ -350,23 +350,34 @@ def lower_arange_start(ctx: LowerCtx, start, end, step=1, **kwargs) -> Value:
 # -- scans and selection ----------------------------------------------------------------------
 
 
-@register_lowering(aten.cumsum.default)
-def lower_cumsum(ctx: LowerCtx, x: Value, dim: int, dtype=None) -> Value:
-    """Hillis-Steele scan: log2(n) shifted adds (exact for integers)."""
-    out = ctx.out_type()
-    y = ctx.cast(x, out.dtype)
+def _scan(ctx: LowerCtx, y: Value, dim: int, op: Op, identity: float) -> Value:
+    """Hillis-Steele inclusive scan along dim: log2(n) rounds of combining with a shifted copy."""
     if y.type.rank == 0:
         return y
     dim = norm_dim(dim, y.type.rank)
-    n = y.type.shape[dim]
-    k = 1
+    n, k = y.type.shape[dim], 1
     while k < n:
         pad_shape = [k if d == dim else s for d, s in enumerate(y.type.shape)]
         head = slice_axis(ctx, y, dim, 0, n - k, 1)
-        shifted = ctx.op(Op.CONCAT, ctx.full(0, pad_shape, out.dtype), head, axis=dim)
-        y = ctx.op(Op.ADD, y, shifted)
+        shifted = ctx.op(Op.CONCAT, ctx.full(identity, pad_shape, y.type.dtype), head, axis=dim)
+        y = ctx.op(op, y, shifted)
         k *= 2
     return y
+
+
+@register_lowering(aten.cumsum.default)
+def lower_cumsum(ctx: LowerCtx, x: Value, dim: int, dtype=None) -> Value:
+    return _scan(ctx, ctx.cast(x, ctx.out_dtype), dim, Op.ADD, 0)  # exact for integers
+
+
+@register_lowering(aten.cumprod.default)
+def lower_cumprod(ctx: LowerCtx, x: Value, dim: int, dtype=None) -> Value:
+    return _scan(ctx, ctx.cast(x, ctx.out_dtype), dim, Op.MUL, 1)
+
+
+@register_lowering(aten.logcumsumexp.default)
+def lower_logcumsumexp(ctx: LowerCtx, x: Value, dim: int) -> Value:
+    return _scan(ctx, ctx.cast(x, ctx.out_dtype), dim, Op.LOGADDEXP, float("-inf"))
 
 
 @register_lowering(aten.topk.default)
@@ -460,28 +471,6 @@ def lower_slice_scatter(
 def lower_prod(ctx: LowerCtx, x: Value, dim=None, keepdim: bool = False, dtype=None) -> Value:
     dims = None if dim is None else [dim]
     return reduce(ctx, Op.REDUCE_PROD, ctx.cast(x, ctx.out_dtype), dims, keepdim)
-
-
-@register_lowering(aten.cumprod.default)
-def lower_cumprod(ctx: LowerCtx, x: Value, dim: int, dtype=None) -> Value:
-    """Hillis-Steele scan with multiplication (identity 1)."""
-    out = ctx.out_type()
-    y = ctx.cast(x, out.dtype)
-    if y.type.rank == 0:
-        return y
-    dim = norm_dim(dim, y.type.rank)
-    n, k = y.type.shape[dim], 1
-    while k < n:
-        pad_shape = [k if d == dim else s for d, s in enumerate(y.type.shape)]
-        shifted = ctx.op(
-            Op.CONCAT,
-            ctx.full(1, pad_shape, out.dtype),
-            slice_axis(ctx, y, dim, 0, n - k, 1),
-            axis=dim,
-        )
-        y = ctx.op(Op.MUL, y, shifted)
-        k *= 2
-    return y
 
 
 def _diagonal_mask(ctx: LowerCtx, n1: int, n2: int, offset: int) -> Value:

@@ -18,7 +18,7 @@ from typing import Any
 from neuroncc.ir.ops import Op
 from neuroncc.ir.types import DType, TensorType
 
-AttrValue = int | float | bool | DType | tuple[int, ...]
+AttrValue = int | float | bool | str | DType | tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,10 @@ def normalize_attr(kind: str, value: Any) -> AttrValue:
     if kind == "dtype":
         if not isinstance(value, DType):
             raise TypeError(f"expected a DType, got {value!r}")
+        return value
+    if kind == "name":
+        if not isinstance(value, str) or not value.isidentifier():
+            raise TypeError(f"expected an identifier, got {value!r}")
         return value
     if kind == "scalar":
         if isinstance(value, bool):

@@ -76,12 +76,7 @@ def _take(n: Node, table: np.ndarray, idx: np.ndarray) -> np.ndarray:
 def _put(n: Node, table: np.ndarray, idx: np.ndarray, rows: np.ndarray) -> np.ndarray:
     if idx.size and (idx.min() < 0 or idx.max() >= table.shape[0]):
         raise IndexError(f"put: index out of range [0, {table.shape[0]})")
-    out = table.copy()
-    if n.attr("accumulate"):
-        np.add.at(out, idx, rows)
-    else:
-        out[idx] = rows
-    return out
+    return numerics.scatter_rows(table, idx, rows, n.attr("combine"))
 
 
 def _iota(n: Node) -> np.ndarray:

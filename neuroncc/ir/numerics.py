@@ -165,6 +165,20 @@ BINARY: dict = {
 COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
 
 
+def scatter_rows(table: np.ndarray, idx: np.ndarray, rows: np.ndarray, combine: str) -> np.ndarray:
+    """table with rows combined into table[idx]; repeated indices combine one after another
+    (for "set" the last wins), in fp32 / int64 and rounded to table's dtype once at the end."""
+    if combine == "set":
+        out = table.copy()
+        out[idx] = rows
+        return out
+    wide = np.float32 if table.dtype.kind == "f" or table.dtype.name == "bfloat16" else np.int64
+    out = table.astype(wide)
+    ufunc = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}[combine]
+    ufunc.at(out, idx, rows.astype(wide))
+    return out.astype(table.dtype)
+
+
 def int_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Integer `div` truncates toward zero, as the IR defines it for integer dtypes."""
     return np.trunc(a / b).astype(a.dtype)

@@ -4,7 +4,7 @@ Each row gives the op's kind, arity (-1 = variadic), attribute schema, shape rul
 class that executes it. Printer, parser, verifier, reference interpreter, codegen and the
 completeness test all read this table; group sets are derived from it.
 
-Attribute kinds: "int", "ints", "scalar" (int or float), "dtype", "bool".
+Attribute kinds: "int", "ints", "scalar" (int or float), "dtype", "bool", "name" (an identifier).
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ OP_TABLE: dict[Op, OpInfo] = {
     ),
     Op.CONCAT: OpInfo(Kind.MOVEMENT, -1, R.concat, Engine.DMA, {"axis": "int"}),
     Op.TAKE: OpInfo(Kind.INDEX, 2, R.take, Engine.DMA),
-    Op.PUT: OpInfo(Kind.INDEX, 3, R.put, Engine.DMA, {"accumulate": "bool"}),
+    Op.PUT: OpInfo(Kind.INDEX, 3, R.put, Engine.DMA, {"combine": "name"}),
     Op.FULL: OpInfo(
         Kind.CONSTANT,
         0,

@@ -46,7 +46,7 @@ def _parse_attr_value(text: str) -> AttrValue | str:
     try:
         return float(text)
     except ValueError:
-        return text  # a dtype name; make_attrs checks it
+        return text  # a dtype or a name; make_attrs checks it
 
 
 def _parse_attrs(text: str | None, schema: dict[str, str]) -> dict[str, object]:

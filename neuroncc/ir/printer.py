@@ -21,6 +21,8 @@ def format_attr(value: AttrValue) -> str:
         return "true" if value else "false"
     if isinstance(value, DType):
         return value.value
+    if isinstance(value, str):
+        return value
     if isinstance(value, tuple):
         return "[" + ",".join(str(v) for v in value) + "]"
     return repr(value)

@@ -18,6 +18,9 @@ class ShapeError(ValueError):
     pass
 
 
+PUT_COMBINE = ("set", "add", "mul", "max", "min")
+
+
 def _same_types(ins: Sequence[TensorType], what: str) -> TensorType:
     first = ins[0]
     for t in ins[1:]:
@@ -169,8 +172,11 @@ def take(ins: Sequence[TensorType], attrs: Mapping[str, Any]) -> TensorType:
 
 
 def put(ins: Sequence[TensorType], attrs: Mapping[str, Any]) -> TensorType:
-    """put(table[V, D], idx[n], rows[n, D]): table with rows written (or added) at idx."""
+    """put(table[V, D], idx[n], rows[n, D]) {combine}: table with rows written ("set") or combined
+    ("add", "mul", "max", "min") into the rows at idx."""
     table, idx, rows = ins
+    if attrs["combine"] not in PUT_COMBINE:
+        raise ShapeError(f"put combine {attrs['combine']!r} is not one of {', '.join(PUT_COMBINE)}")
     if table.rank != 2 or idx.rank != 1 or not idx.dtype.is_int:
         raise ShapeError(f"put needs a 2-d table and 1-d integer indices, got {table} and {idx}")
     if rows != TensorType((idx.shape[0], table.shape[1]), table.dtype):

@@ -62,14 +62,7 @@ def run_dma_scatter(m: Memories, ins: isa.DmaScatter, t: Target) -> None:
         bad = idx[(idx < 0) | (idx >= table.shape[0])][0]
         raise SimulationError(f"dma_scatter: index {bad} outside table of {table.shape[0]} rows")
     rows = m.tile(ins.src).reshape(idx.size, -1)
-    if ins.accumulate:
-        # Adds in fp32 (int64 for integers), repeated indices one after another, rounded to
-        # the table's dtype at the end (exact for fp32 tables).
-        updated = _compute(np.asarray(table)).copy()
-        np.add.at(updated, idx, _compute(rows))
-        table[...] = updated.astype(table.dtype)
-    else:
-        table[idx] = rows.astype(table.dtype)
+    table[...] = numerics.scatter_rows(np.asarray(table), idx, rows, ins.combine)
 
 
 def run_matmul(m: Memories, ins: isa.Matmul, t: Target) -> None:

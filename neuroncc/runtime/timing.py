@@ -41,7 +41,7 @@ def _hbm_bytes(ins: isa.Instr) -> tuple[int, int]:
     write = sum(w.nbytes for w in ins.writes() if isinstance(w, isa.DramRef))
     if isinstance(ins, isa.DmaScatter):
         write = ins.src.numel * ins.src.dtype.itemsize  # only the scattered rows move
-        read = write if ins.accumulate else 0
+        read = 0 if ins.combine == "set" else write
     return read, write
 
 

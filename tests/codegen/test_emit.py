@@ -152,14 +152,15 @@ def test_where_and_logical():
     check(b.build([b.op(Op.WHERE, d, x, y), c]))
 
 
-@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("combine", ["set", "add", "mul", "max", "min"])
 @pytest.mark.parametrize("dtype", [DType.F32, DType.I64])
-def test_put(accumulate, dtype):
-    n = 200 if accumulate else 40  # repeated indices only where they accumulate
+def test_put(combine, dtype):
+    accumulate = combine != "set"
+    n = 200 if accumulate else 40  # repeated indices only where they combine
     b = GraphBuilder()
     table = b.input(TensorType((40, 300), dtype))
     idx = b.input(TensorType((n,), DType.I64))
     rows = b.input(TensorType((n, 300), dtype))
-    g = b.build([b.op(Op.PUT, table, idx, rows, accumulate=accumulate)])
+    g = b.build([b.op(Op.PUT, table, idx, rows, combine=combine)])
     ids = RNG.integers(0, 40, n) if accumulate else RNG.permutation(40)
     check(g, [random_input(table.type), ids.astype(np.int64), random_input(rows.type)], atol=1e-4)

@@ -198,6 +198,24 @@ CASES = {
         [f32(4, 6), ints(4, 2, 3), f32(2, 3)],
         True,
     ),
+    "scatter_reduce": (
+        lambda x, i, s: tuple(
+            x.scatter_reduce(1, i, s, r, include_self=inc)
+            for r in ("sum", "prod", "mean", "amax", "amin")
+            for inc in (True, False)
+        ),
+        [f32(3, 5), ints(5, 3, 4), f32(3, 4)],
+        False,
+    ),
+    "index_reduce": (
+        lambda x, i, s: tuple(
+            x.index_reduce(0, i, s, r, include_self=inc)
+            for r in ("prod", "mean", "amax", "amin")
+            for inc in (True, False)
+        ),
+        [f32(4, 3), ints(4, 6), f32(6, 3)],
+        False,
+    ),
     "gather_small_index": (lambda x, i: torch.gather(x, 0, i), [f32(5, 6), ints(5, 2, 3)], True),
     "constants": (
         lambda x: (
