@@ -140,6 +140,93 @@ def _convolution_backward(
     return grad_x, torch.cat(grad_w, 0) if output_mask[1] else None, grad_b
 
 
+def _pool_geometry(x, kernel, stride, padding):
+    k = len(kernel)
+    stride = list(stride) or list(kernel)
+    padding = list(padding) * k if len(padding) == 1 else list(padding)
+    kernel = list(kernel) * k if len(kernel) == 1 else list(kernel)
+    return kernel, (stride * k if len(stride) == 1 else stride), padding
+
+
+def _avg_pool_divisor(x, kernel, stride, padding, count_include_pad, divisor_override, out_sp):
+    """Per output position: what avg_pool divides by (torch's rules for padding)."""
+    if divisor_override:
+        return divisor_override
+    if count_include_pad:
+        # Windows are clipped to the padded extent, never beyond it.
+        ones = torch.ones(x.shape[-len(kernel) :], dtype=x.dtype, device=x.device)
+        ones = torch.nn.functional.pad(
+            ones, [p for q in reversed(padding) for p in (q, q)], value=1.0
+        )
+    else:
+        ones = torch.ones(x.shape[-len(kernel) :], dtype=x.dtype, device=x.device)
+        ones = torch.nn.functional.pad(ones, [p for q in reversed(padding) for p in (q, q)])
+    win = _windows(ones.contiguous(), out_sp, kernel, stride)
+    return win.sum(list(range(len(kernel), 2 * len(kernel))))
+
+
+def _windows(t, out_sp, kernel, stride):
+    """[*out, *kernel] windows over the trailing len(kernel) axes of a contiguous t."""
+    k = len(kernel)
+    lead = t.shape[: t.dim() - k]
+    st = t.stride()
+    return t.as_strided(
+        (*lead, *out_sp, *kernel),
+        (
+            *st[: t.dim() - k],
+            *(stride[d] * st[t.dim() - k + d] for d in range(k)),
+            *st[t.dim() - k :],
+        ),
+    )
+
+
+def _avg_pool2d(
+    x, kernel, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None
+):
+    """Average pooling as window sums over a strided view of the padded input."""
+    if ceil_mode:
+        return NotImplemented
+    padding = [padding] if isinstance(padding, int) else padding
+    kernel, stride, padding = _pool_geometry(x, kernel, stride, padding)
+    k = len(kernel)
+    xp = torch.nn.functional.pad(x, [p for q in reversed(padding) for p in (q, q)]).contiguous()
+    out_sp = [(xp.shape[-k + d] - kernel[d]) // stride[d] + 1 for d in range(k)]
+    sums = _windows(xp, out_sp, kernel, stride).sum(list(range(x.dim(), x.dim() + k)))
+    return sums / _avg_pool_divisor(
+        x, kernel, stride, padding, count_include_pad, divisor_override, out_sp
+    )
+
+
+def _avg_pool2d_backward(
+    grad_out, x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override
+):
+    """Each output's gradient, divided by its divisor, added back into every position of its
+    window (index_add over the window positions of the padded input), then cropped."""
+    if ceil_mode:
+        return NotImplemented
+    kernel, stride, padding = _pool_geometry(x, kernel, stride, padding)
+    k = len(kernel)
+    padded = [x.shape[-k + d] + 2 * padding[d] for d in range(k)]
+    out_sp = list(grad_out.shape[-k:])
+    lead = list(x.shape[: x.dim() - k])
+    g = grad_out / _avg_pool_divisor(
+        x, kernel, stride, padding, count_include_pad, divisor_override, out_sp
+    )
+    positions = _windows(
+        torch.arange(math.prod(padded), device=x.device).view(padded), out_sp, kernel, stride
+    )
+    per_image = torch.zeros(math.prod(lead), math.prod(padded), dtype=x.dtype, device=x.device)
+    spread = g.reshape(math.prod(lead), *out_sp, *([1] * k)).expand(
+        math.prod(lead), *out_sp, *kernel
+    )
+    per_image = per_image.index_add(1, positions.reshape(-1), spread.reshape(math.prod(lead), -1))
+    grad_xp = per_image.view(*lead, *padded)
+    crop = [slice(None)] * len(lead) + [
+        slice(p, p + x.shape[-k + d]) for d, p in enumerate(padding)
+    ]
+    return grad_xp[tuple(crop)]
+
+
 # Ops neuroncc has no lowering for, rewritten by PyTorch's own (global, backend-neutral)
 # decompositions into ops it lowers: pooling, as_strided_scatter, erfinv, frexp, ...
 _PYTORCH_EXTRAS = [
@@ -173,6 +260,8 @@ def decomposition_table() -> dict:
         _flash_attention_cpu_backward
     )
     table[aten.convolution_backward.default] = _convolution_backward
+    table[aten.avg_pool2d.default] = _avg_pool2d
+    table[aten.avg_pool2d_backward.default] = _avg_pool2d_backward
     return table
 
 

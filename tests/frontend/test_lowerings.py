@@ -354,6 +354,17 @@ CASES = {
         True,
     ),
     "max_pool": (lambda x: (F.max_pool2d(x, 2), F.max_pool2d(x, 3, 2, 1)), [f32(2, 3, 8, 7)], True),
+    "avg_pool": (
+        lambda x: (
+            F.avg_pool2d(x, 2),
+            F.avg_pool2d(x, 3, 2, 1),
+            F.avg_pool2d(x, 3, 1, 1, count_include_pad=False),
+            F.avg_pool2d(x, (2, 3), divisor_override=4),
+            F.avg_pool1d(x[0], 3, 2),
+        ),
+        [f32(2, 3, 8, 7)],
+        True,
+    ),
     "adaptive_avg_pool": (lambda x: F.adaptive_avg_pool2d(x, 3), [f32(2, 3, 8, 7)], False),
     "group_norm": (
         lambda x, w, b: F.group_norm(x, 2, w, b),
