@@ -50,6 +50,10 @@ RANDOM_OR_UNINITIALISED = (
     "max_unpool",
 )
 TOL = {"rtol": 1e-4, "atol": 1e-5}
+# Per-op tolerances where float32 itself is ill-conditioned (as Inductor's OpInfo test keeps
+# per-op overrides): logcumsumexp's backward cancels signed terms; eager float32 is 2.8e-3 away
+# from float64 on the first sample, the compiled result 4.4e-3.
+TOL_OVERRIDES = {"logcumsumexp": {"rtol": 1e-2, "atol": 1e-2}}
 # The families the issue allows to fall back: linear algebra, FFT and sparse.
 LINALG_FFT_SPARSE_PREFIXES = ("linalg.", "fft.", "sparse.", "to_sparse")
 LINALG_FFT_SPARSE = {
@@ -91,7 +95,7 @@ def _metadata_only(name: str) -> bool:
     return any(part in name for part in RANDOM_OR_UNINITIALISED)
 
 
-def _compare(got, want, metadata_only: bool) -> None:
+def _compare(got, want, metadata_only: bool, tol: dict = TOL) -> None:
     g_leaves, w_leaves = pytree.tree_leaves(got), pytree.tree_leaves(want)
     if len(g_leaves) != len(w_leaves):
         raise AssertionError(f"{len(g_leaves)} outputs, eager has {len(w_leaves)}")
@@ -105,7 +109,7 @@ def _compare(got, want, metadata_only: bool) -> None:
                     w.dtype,
                 )
             else:
-                torch.testing.assert_close(g, w, **TOL, equal_nan=True)
+                torch.testing.assert_close(g, w, **tol, equal_nan=True)
         elif g != w and not (g != g and w != w):
             raise AssertionError(f"{g!r} != {w!r}")
 
@@ -146,7 +150,8 @@ def run_sample(op, sample, grads: bool) -> tuple[str, list[str]]:
     neuroncc.reset_stats()
     compiled = torch.compile(fn, backend="neuron", dynamic=False)
     got = compiled(*inputs)
-    _compare(got, want, _metadata_only(op.name))
+    tol = TOL_OVERRIDES.get(op.name, TOL)
+    _compare(got, want, _metadata_only(op.name), tol)
     if want_g is not None:
         got_g = _grads(compiled, inputs, lambda: got)
         if got_g is not None:
@@ -154,6 +159,7 @@ def run_sample(op, sample, grads: bool) -> tuple[str, list[str]]:
                 [g for g in got_g if g is not None],
                 [g for g in want_g if g is not None],
                 _metadata_only(op.name),
+                tol,
             )
     stats = neuroncc.stats()
     fell_back = sorted(stats["fallback_nodes"])
