@@ -118,30 +118,36 @@ def lower_scatter_add(ctx: LowerCtx, x: Value, dim: int, index: Value, src: Valu
     return _scatter(ctx, x, dim, index, _src_like(ctx, src, index, x), True)
 
 
+def _linear_index(ctx: LowerCtx, x: Value, indices) -> tuple[int, int, list[int], Value]:
+    """For x[i0, i1, ...] with integer index tensors on consecutive axes first..last-1:
+    (first, last, the indices' broadcast shape, their row-major linear index over those axes)."""
+    present = [d for d, t in enumerate(indices) if t is not None]
+    if not present or any(indices[d].type.dtype == DType.BOOL for d in present):
+        raise ctx.unsupported("indexing with boolean masks has a data-dependent shape")
+    first, last = present[0], present[-1] + 1
+    if present != list(range(first, last)):
+        raise ctx.unsupported("index tensors separated by slices")
+    shape = x.type.shape
+    bshape = list(torch.broadcast_shapes(*(torch.Size(indices[d].type.shape) for d in present)))
+    flat = None
+    for d in present:
+        idx = _wrap_negative(ctx, indices[d], shape[d])
+        idx = ctx.cast(ctx.broadcast_to(idx, bshape), DType.I64)
+        if flat is not None:
+            scaled = ctx.op(Op.MUL, flat, ctx.full(shape[d], bshape, DType.I64))
+            idx = ctx.op(Op.ADD, scaled, idx)
+        flat = idx
+    return first, last, bshape, flat
+
+
 @register_lowering(aten.index_put.default)
 def lower_index_put(
     ctx: LowerCtx, x: Value, indices, values: Value, accumulate: bool = False
 ) -> Value:
     """x[i0, i1, ...] = values (or +=) with integer index tensors on consecutive axes: the axes
     move to the front and linearise into one row index (as in lower_index)."""
-    present = [d for d, t in enumerate(indices) if t is not None]
-    if not present or any(indices[d].type.dtype == DType.BOOL for d in present):
-        raise ctx.unsupported("index_put with boolean masks has a data-dependent shape")
-    first, last = present[0], present[-1] + 1
-    if present != list(range(first, last)):
-        raise ctx.unsupported("index tensors separated by slices")
+    first, last, bshape, flat = _linear_index(ctx, x, indices)
     shape, rank = x.type.shape, x.type.rank
-    bshape = list(torch.broadcast_shapes(*(torch.Size(indices[d].type.shape) for d in present)))
-    flat = None
-    for d in present:
-        idx = ctx.cast(
-            ctx.broadcast_to(_wrap_negative(ctx, indices[d], shape[d]), bshape), DType.I64
-        )
-        flat = (
-            idx
-            if flat is None
-            else ctx.op(Op.ADD, ctx.op(Op.MUL, flat, ctx.full(shape[d], bshape, DType.I64)), idx)
-        )
     before, after = list(shape[:first]), list(shape[last:])
     # values broadcast to what x[indices] would be: [*before, *bshape, *after]
     vals = ctx.tensor(values, x.type.dtype, [*before, *bshape, *after])
@@ -188,24 +194,9 @@ def _wrap_negative(ctx: LowerCtx, idx: Value, size: int) -> Value:
 def lower_index(ctx: LowerCtx, x: Value, indices) -> Value:
     """x[i0, i1, ...] with integer index tensors on consecutive axes starting at `first`: the
     indices are linearised over those axes and the rows taken with one gather."""
-    present = [d for d, t in enumerate(indices) if t is not None]
-    if not present or any(indices[d].type.dtype == DType.BOOL for d in present):
-        raise ctx.unsupported("indexing with boolean masks has a data-dependent shape")
-    first, last = present[0], present[-1] + 1
-    if present != list(range(first, last)):
-        raise ctx.unsupported("index tensors separated by slices")
+    first, last, bshape, flat = _linear_index(ctx, x, indices)
     out = ctx.out_type()
     shape = x.type.shape
-    bshape = torch.broadcast_shapes(*(torch.Size(indices[d].type.shape) for d in present))
-    flat = None
-    for d in present:
-        idx = ctx.cast(
-            ctx.broadcast_to(_wrap_negative(ctx, indices[d], shape[d]), bshape), DType.I64
-        )
-        if flat is None:
-            flat = idx
-        else:
-            flat = ctx.op(Op.ADD, ctx.op(Op.MUL, flat, ctx.full(shape[d], bshape, DType.I64)), idx)
     # Move the indexed axes to the front, gather rows, put the result axes where torch does:
     # in place of the indexed axes (they are consecutive).
     rank = x.type.rank

@@ -26,18 +26,22 @@ def lower_mm(ctx: LowerCtx, a: Value, b: Value) -> Value:
     return ctx.op(Op.MATMUL, a, b)
 
 
-@register_lowering(aten.addmm.default)
-def lower_addmm(ctx: LowerCtx, bias: Value, a: Value, b: Value, beta=1, alpha=1) -> Value:
+def scaled_sum(ctx: LowerCtx, prod: Value, bias, alpha, beta) -> Value:
+    """alpha * prod + beta * bias, the epilogue of addmm / addmv / addbmm."""
     out = ctx.out_type()
-    prod = ctx.op(Op.MATMUL, a, b)
     if alpha != 1:
         prod = ctx.op(Op.MUL, prod, ctx.full(alpha, out.shape, out.dtype))
-    bias = ctx.tensor(bias, out.dtype, out.shape)
     if beta == 0:
         return prod
+    bias = ctx.tensor(bias, out.dtype, out.shape)
     if beta != 1:
         bias = ctx.op(Op.MUL, bias, ctx.full(beta, out.shape, out.dtype))
     return ctx.op(Op.ADD, prod, bias)
+
+
+@register_lowering(aten.addmm.default)
+def lower_addmm(ctx: LowerCtx, bias: Value, a: Value, b: Value, beta=1, alpha=1) -> Value:
+    return scaled_sum(ctx, ctx.op(Op.MATMUL, a, b), bias, alpha, beta)
 
 
 # -- views and layout -------------------------------------------------------------------------
@@ -558,31 +562,13 @@ def lower_dot(ctx: LowerCtx, a: Value, b: Value) -> Value:
 
 @register_lowering(aten.addmv.default)
 def lower_addmv(ctx: LowerCtx, bias: Value, a: Value, v: Value, beta=1, alpha=1) -> Value:
-    out = ctx.out_type()
-    prod = lower_mv(ctx, a, v)
-    if alpha != 1:
-        prod = ctx.op(Op.MUL, prod, ctx.full(alpha, out.shape, out.dtype))
-    if beta == 0:
-        return prod
-    bias = ctx.tensor(bias, out.dtype, out.shape)
-    if beta != 1:
-        bias = ctx.op(Op.MUL, bias, ctx.full(beta, out.shape, out.dtype))
-    return ctx.op(Op.ADD, prod, bias)
+    return scaled_sum(ctx, lower_mv(ctx, a, v), bias, alpha, beta)
 
 
 @register_lowering(aten.addbmm.default)
 def lower_addbmm(ctx: LowerCtx, bias: Value, a: Value, b: Value, beta=1, alpha=1) -> Value:
     """bias * beta + alpha * sum_i a[i] @ b[i]: the batch folds into the contraction."""
-    out = ctx.out_type()
     nb, m, k = a.type.shape
-    n = b.type.shape[-1]
     a2 = ctx.reshape(ctx.transpose(a, [1, 0, 2]), [m, nb * k])
-    prod = ctx.op(Op.MATMUL, a2, ctx.reshape(b, [nb * k, n]))
-    if alpha != 1:
-        prod = ctx.op(Op.MUL, prod, ctx.full(alpha, out.shape, out.dtype))
-    if beta == 0:
-        return prod
-    bias = ctx.tensor(bias, out.dtype, out.shape)
-    if beta != 1:
-        bias = ctx.op(Op.MUL, bias, ctx.full(beta, out.shape, out.dtype))
-    return ctx.op(Op.ADD, prod, bias)
+    prod = ctx.op(Op.MATMUL, a2, ctx.reshape(b, [nb * k, b.type.shape[-1]]))
+    return scaled_sum(ctx, prod, bias, alpha, beta)
