@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from neuroncc.frontend.lower_tensor import reduce
 from neuroncc.frontend.registry import LowerCtx, norm_dim, register_lowering
 from neuroncc.ir.graph import Value
 from neuroncc.ir.ops import Op
@@ -306,3 +307,76 @@ def lower_index_reduce(
     along = [index.type.numel if d == dim else 1 for d in range(len(shape))]
     full_index = ctx.broadcast_to(ctx.reshape(index, along), shape)
     return lower_scatter_reduce(ctx, x, dim, full_index, source, reduce, include_self=include_self)
+
+
+_MAX_SORT = 1024  # the rank matrix is n x n per row
+
+
+def _sorts_before(ctx: LowerCtx, p: Value, q: Value, descending: bool) -> tuple[Value, Value]:
+    """(p sorts strictly before q, p ties q), with NaN after everything ascending, first descending."""
+    before = ctx.op(Op.GT if descending else Op.LT, p, q)
+    tie = ctx.op(Op.EQ, p, q)
+    if p.type.dtype.is_float:
+        p_nan, q_nan = ctx.op(Op.NE, p, p), ctx.op(Op.NE, q, q)
+        nan_first = (
+            ctx.op(Op.AND, p_nan, ctx.op(Op.NOT, q_nan))
+            if descending
+            else ctx.op(Op.AND, q_nan, ctx.op(Op.NOT, p_nan))
+        )
+        before = ctx.op(Op.OR, before, nan_first)
+        tie = ctx.op(Op.OR, tie, ctx.op(Op.AND, p_nan, q_nan))
+    return before, tie
+
+
+def _sort(ctx: LowerCtx, x: Value, dim: int, descending: bool) -> tuple[Value, Value]:
+    """Stable sort by ranks: element i goes to the number of elements that sort before it (ties
+    broken by position), one VectorE comparison matrix per row, then a DMA scatter to the ranks."""
+    if x.type.rank == 0:
+        return x, ctx.full(0, [], DType.I64)
+    dim = norm_dim(dim, x.type.rank)
+    n = x.type.shape[dim]
+    if n > _MAX_SORT:
+        raise ctx.unsupported(f"sort of {n} > {_MAX_SORT} elements along one axis")
+    rank = x.type.rank
+    perm = [d for d in range(rank) if d != dim] + [dim]
+    xt = ctx.transpose(x, perm)  # [R..., n]
+    lead = list(xt.type.shape[:-1])
+    square = [*lead, n, n]
+    mine = ctx.broadcast_to(ctx.reshape(xt, [*lead, n, 1]), square)  # [..., i, j] = x_i
+    other = ctx.broadcast_to(ctx.reshape(xt, [*lead, 1, n]), square)  # [..., i, j] = x_j
+    before, tie = _sorts_before(ctx, other, mine, descending)
+    i = ctx.broadcast_to(
+        ctx.reshape(ctx.op(Op.IOTA, n=n, start=0, step=1, dtype=DType.I64), [n, 1]), square
+    )
+    j = ctx.broadcast_to(
+        ctx.reshape(ctx.op(Op.IOTA, n=n, start=0, step=1, dtype=DType.I64), [1, n]), square
+    )
+    earlier = ctx.op(Op.OR, before, ctx.op(Op.AND, tie, ctx.op(Op.LT, j, i)))
+    ranks = reduce(ctx, Op.REDUCE_SUM, ctx.cast(earlier, DType.I64), [-1], False)  # [R..., n]
+    rows = math.prod(lead)
+    base = ctx.broadcast_to(
+        ctx.reshape(ctx.op(Op.IOTA, n=rows, start=0, step=n, dtype=DType.I64), [*lead, 1]),
+        [*lead, n],
+    )
+    flat = ctx.reshape(ctx.op(Op.ADD, base, ranks), [rows * n])
+    positions = ctx.broadcast_to(ctx.op(Op.IOTA, n=n, start=0, step=1, dtype=DType.I64), [*lead, n])
+    out = []
+    for v in (xt, positions):
+        table = ctx.full(0, [rows * n, 1], v.type.dtype)
+        placed = ctx.op(Op.PUT, table, flat, ctx.reshape(v, [rows * n, 1]), combine="set")
+        out.append(
+            ctx.transpose(ctx.reshape(placed, [*lead, n]), [perm.index(d) for d in range(rank)])
+        )
+    return out[0], out[1]
+
+
+@register_lowering(aten.sort.default)
+def lower_sort(ctx: LowerCtx, x: Value, dim: int = -1, descending: bool = False):
+    return _sort(ctx, x, dim, descending)
+
+
+@register_lowering(aten.sort.stable)
+def lower_sort_stable(
+    ctx: LowerCtx, x: Value, *, stable=None, dim: int = -1, descending: bool = False
+):
+    return _sort(ctx, x, dim, descending)

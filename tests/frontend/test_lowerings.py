@@ -246,6 +246,22 @@ CASES = {
         [f32(3, 37), ints(9, 5)],
         True,
     ),
+    "sort": (
+        lambda x, i: (
+            *torch.sort(x),
+            *torch.sort(x, 0, descending=True),
+            *torch.sort(i, stable=True),
+            torch.argsort(x.round()),
+        ),
+        [
+            lambda: torch.tensor(
+                [[1.0, float("nan"), -2.0, 3.0, 1.0], [0.5, 0.5, -1.0, float("nan"), 2.0]]
+            ),
+            ints(4, 7),
+        ],
+        False,
+    ),
+    "sort_grad": (lambda x: torch.sort(x, -1)[0] * 2, [f32(3, 6)], True),
     "topk": (
         lambda x: (*torch.topk(x, 3), *torch.topk(x, 2, dim=0, largest=False)),
         [f32(4, 9)],
