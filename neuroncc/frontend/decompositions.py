@@ -227,6 +227,24 @@ def _avg_pool2d_backward(
     return grad_xp[tuple(crop)]
 
 
+def _adaptive_matrix(out_size: int, in_size: int, like):
+    """P[o, i] = 1/len(window o) where i lies in adaptive pooling's window o, else 0."""
+    o = torch.arange(out_size, device=like.device)
+    starts = torch.div(o * in_size, out_size, rounding_mode="floor")
+    ends = torch.div((o + 1) * in_size + out_size - 1, out_size, rounding_mode="floor")
+    i = torch.arange(in_size, device=like.device)
+    inside = (i[None, :] >= starts[:, None]) & (i[None, :] < ends[:, None])
+    return inside.to(like.dtype) / (ends - starts)[:, None].to(like.dtype)
+
+
+def _adaptive_avg_pool2d_backward(grad_out, x):
+    """Adaptive average pooling is P_h @ x @ P_w^T per image, so the gradient is
+    P_h^T @ grad @ P_w: two matmuls on TensorE."""
+    ph = _adaptive_matrix(grad_out.shape[-2], x.shape[-2], grad_out)
+    pw = _adaptive_matrix(grad_out.shape[-1], x.shape[-1], grad_out)
+    return ph.t() @ grad_out @ pw
+
+
 # Ops neuroncc has no lowering for, rewritten by PyTorch's own (global, backend-neutral)
 # decompositions into ops it lowers: pooling, as_strided_scatter, erfinv, frexp, ...
 _PYTORCH_EXTRAS = [
@@ -262,6 +280,7 @@ def decomposition_table() -> dict:
     table[aten.convolution_backward.default] = _convolution_backward
     table[aten.avg_pool2d.default] = _avg_pool2d
     table[aten.avg_pool2d_backward.default] = _avg_pool2d_backward
+    table[aten._adaptive_avg_pool2d_backward.default] = _adaptive_avg_pool2d_backward
     return table
 
 

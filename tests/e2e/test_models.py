@@ -168,7 +168,9 @@ def test_fallback_off_names_the_op(fresh):
     with pytest.raises(
         Exception, match=r"uses ops neuroncc cannot compile: \['aten\.special_bessel_j0\.default'\]"
     ):
-        torch.compile(_bessel_between, backend="neuron", options={"fallback": False})(torch.randn(5))
+        torch.compile(_bessel_between, backend="neuron", options={"fallback": False})(
+            torch.randn(5)
+        )
 
 
 def test_tensors_too_large_for_hbm_are_an_error_with_sizes(fresh):

@@ -381,7 +381,11 @@ CASES = {
         [f32(2, 3, 8, 7)],
         True,
     ),
-    "adaptive_avg_pool": (lambda x: F.adaptive_avg_pool2d(x, 3), [f32(2, 3, 8, 7)], False),
+    "adaptive_avg_pool": (
+        lambda x: (F.adaptive_avg_pool2d(x, 3), F.adaptive_avg_pool2d(x, (5, 2))),
+        [f32(2, 3, 8, 7)],
+        True,
+    ),
     "group_norm": (
         lambda x, w, b: F.group_norm(x, 2, w, b),
         [f32(2, 4, 3, 5), f32(4), f32(4)],
