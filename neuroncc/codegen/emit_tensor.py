@@ -7,7 +7,7 @@ import math
 from neuroncc.codegen import isa
 from neuroncc.errors import CodegenError
 from neuroncc.codegen.emit import TILE_BYTES, EmitCtx, P, rect, register, tiles_2d
-from neuroncc.ir.graph import Node
+from neuroncc.ir.graph import Node, Value
 from neuroncc.ir.ops import Op
 from neuroncc.ir.types import DType, contiguous_strides
 
@@ -245,26 +245,34 @@ def emit_concat(ctx: EmitCtx, n: Node) -> None:
         pos += shape[axis]
 
 
-@register(Op.TAKE)
-def emit_take(ctx: EmitCtx, n: Node) -> None:
+def _index_tiles(ctx: EmitCtx, idx: Value, d: int, dt: DType):
+    """For an indirect DMA over rows of width d: (r0, p, index tile, c0, f, row tile) for every
+    block of up to 128 indices (loaded into SBUF) and every column chunk of the rows."""
     b = ctx.b
-    table, idx = n.inputs
-    rows_v, d = table.type.shape
-    count = idx.type.numel
-    dt, it = table.type.dtype, idx.type.dtype
-    out = ctx.alloc(n.out)
+    it = idx.type.dtype
     fmax = TILE_BYTES // dt.itemsize
     idx_pool = b.sbuf_pool(it.itemsize, bufs=2)
     row_pool = b.sbuf_pool(min(max(d, 1), fmax) * dt.itemsize, bufs=2)
+    count = idx.type.numel
     for r0 in range(0, count, P):
         p = min(P, count - r0)
         ti = idx_pool.tile(p, (1,), it)
         b.dma(ti, rect(ctx.buf(idx), it, r0, 1, p, 1))
         for _, _, c0, f in tiles_2d(p, d, fmax):
-            tr = row_pool.tile(p, (f,), dt)
-            view = isa.DramRef(ctx.buf(table), c0, dt, ((d, rows_v), (1, f)))
-            b.emit(isa.DmaGather(b.next_queue(), dst=tr, table=view, index=ti))
-            b.dma(rect(out, dt, r0 * d + c0, d, p, f), tr)
+            yield r0, p, ti, c0, f, row_pool.tile(p, (f,), dt)
+
+
+@register(Op.TAKE)
+def emit_take(ctx: EmitCtx, n: Node) -> None:
+    b = ctx.b
+    table, idx = n.inputs
+    rows_v, d = table.type.shape
+    dt = table.type.dtype
+    out = ctx.alloc(n.out)
+    for r0, p, ti, c0, f, tr in _index_tiles(ctx, idx, d, dt):
+        view = isa.DramRef(ctx.buf(table), c0, dt, ((d, rows_v), (1, f)))
+        b.emit(isa.DmaGather(b.next_queue(), dst=tr, table=view, index=ti))
+        b.dma(rect(out, dt, r0 * d + c0, d, p, f), tr)
 
 
 @register(Op.PUT)
@@ -273,24 +281,13 @@ def emit_put(ctx: EmitCtx, n: Node) -> None:
     b = ctx.b
     table, idx, rows = n.inputs
     v, d = table.type.shape
-    count = idx.type.numel
-    dt, it = table.type.dtype, idx.type.dtype
+    dt = table.type.dtype
     out = ctx.alloc(n.out)
     strides = contiguous_strides((v, d))
     copy_pattern(ctx, out, 0, strides, ctx.buf(table), 0, strides, (v, d), dt)
-    fmax = TILE_BYTES // dt.itemsize
-    idx_pool = b.sbuf_pool(it.itemsize, bufs=2)
-    row_pool = b.sbuf_pool(min(max(d, 1), fmax) * dt.itemsize, bufs=2)
-    for r0 in range(0, count, P):
-        p = min(P, count - r0)
-        ti = idx_pool.tile(p, (1,), it)
-        b.dma(ti, rect(ctx.buf(idx), it, r0, 1, p, 1))
-        for _, _, c0, f in tiles_2d(p, d, fmax):
-            tr = row_pool.tile(p, (f,), dt)
-            b.dma(tr, rect(ctx.buf(rows), dt, r0 * d + c0, d, p, f))
-            view = isa.DramRef(out, c0, dt, ((d, v), (1, f)))
-            b.emit(
-                isa.DmaScatter(
-                    b.next_queue(), table=view, src=tr, index=ti, combine=n.attr("combine")
-                )
-            )
+    for r0, p, ti, c0, f, tr in _index_tiles(ctx, idx, d, dt):
+        b.dma(tr, rect(ctx.buf(rows), dt, r0 * d + c0, d, p, f))
+        view = isa.DramRef(out, c0, dt, ((d, v), (1, f)))
+        b.emit(
+            isa.DmaScatter(b.next_queue(), table=view, src=tr, index=ti, combine=n.attr("combine"))
+        )

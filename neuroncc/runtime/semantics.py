@@ -46,21 +46,25 @@ def run_dma(m: Memories, ins: isa.Dma, t: Target) -> None:
     dst[...] = src.reshape(dst.shape)
 
 
-def run_dma_gather(m: Memories, ins: isa.DmaGather, t: Target) -> None:
+def _indexed_table(
+    m: Memories, ins: isa.DmaGather | isa.DmaScatter
+) -> tuple[np.ndarray, np.ndarray]:
+    """(row indices, table view) of an indirect DMA, every index checked against the table."""
     idx = m.tile(ins.index).reshape(-1).astype(np.int64)
     table = m.dram(ins.table)
     if idx.size and (idx.min() < 0 or idx.max() >= table.shape[0]):
         bad = idx[(idx < 0) | (idx >= table.shape[0])][0]
-        raise SimulationError(f"dma_gather: index {bad} outside table of {table.shape[0]} rows")
+        raise SimulationError(f"{ins.opcode}: index {bad} outside table of {table.shape[0]} rows")
+    return idx, table
+
+
+def run_dma_gather(m: Memories, ins: isa.DmaGather, t: Target) -> None:
+    idx, table = _indexed_table(m, ins)
     _store(m.tile(ins.dst), table[idx])
 
 
 def run_dma_scatter(m: Memories, ins: isa.DmaScatter, t: Target) -> None:
-    idx = m.tile(ins.index).reshape(-1).astype(np.int64)
-    table = m.dram(ins.table)
-    if idx.size and (idx.min() < 0 or idx.max() >= table.shape[0]):
-        bad = idx[(idx < 0) | (idx >= table.shape[0])][0]
-        raise SimulationError(f"dma_scatter: index {bad} outside table of {table.shape[0]} rows")
+    idx, table = _indexed_table(m, ins)
     rows = m.tile(ins.src).reshape(idx.size, -1)
     table[...] = numerics.scatter_rows(np.asarray(table), idx, rows, ins.combine)
 

@@ -44,21 +44,26 @@ def test_mlp_forward_and_backward(fresh):
     assert s["device_seconds"] > 0 and s["hbm_bytes"] > 0
 
 
-def test_transformer_block_forward_and_backward(fresh):
-    """Attention + MLP + LayerNorm, embeddings and cross-entropy: logits, loss and all grads."""
+def _tinygpt_against_eager(dtype, logits_tol, loss_tol, grad_tol):
     torch.manual_seed(0)
-    model = TinyGPT(SMALL)
+    model = TinyGPT(SMALL).to(dtype)
     idx, targets = example_batch(SMALL)
     ref_logits, ref_loss = model(idx, targets)
     ref_loss.backward()
     want = _grads(model)
     model.zero_grad()
     logits, loss = torch.compile(model, backend="neuron")(idx, targets)
-    torch.testing.assert_close(logits, ref_logits, **TOL)
-    torch.testing.assert_close(loss, ref_loss, **TOL)
+    assert logits.dtype == dtype
+    torch.testing.assert_close(logits, ref_logits, **logits_tol)
+    torch.testing.assert_close(loss, ref_loss, **loss_tol)
     loss.backward()
     for name, g in _grads(model).items():
-        torch.testing.assert_close(g, want[name], **TOL, msg=name)
+        torch.testing.assert_close(g, want[name], **grad_tol, msg=name)
+
+
+def test_transformer_block_forward_and_backward(fresh):
+    """Attention + MLP + LayerNorm, embeddings and cross-entropy: logits, loss and all grads."""
+    _tinygpt_against_eager(torch.float32, TOL, TOL, TOL)
 
 
 def test_five_sgd_steps_match_eager(fresh):
@@ -279,22 +284,14 @@ def test_batch_norm_training_updates_running_stats(fresh):
 
 
 def test_bf16_transformer_forward_and_backward(fresh):
-    torch.manual_seed(0)
-    model = TinyGPT(SMALL).to(torch.bfloat16)
-    idx, targets = example_batch(SMALL)
-    ref_logits, ref_loss = model(idx, targets)
-    ref_loss.backward()
-    want = _grads(model)
-    model.zero_grad()
-    logits, loss = torch.compile(model, backend="neuron")(idx, targets)
-    assert logits.dtype == torch.bfloat16
     # Both sides round every op's result to bf16; matmuls accumulate in fp32 (PSUM on the
     # device, fp32 accumulation in PyTorch's CPU kernels), so they differ by a few bf16 ulps.
-    torch.testing.assert_close(logits, ref_logits, rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(loss, ref_loss, rtol=1e-2, atol=1e-2)
-    loss.backward()
-    for name, g in _grads(model).items():
-        torch.testing.assert_close(g, want[name], rtol=5e-2, atol=5e-3, msg=name)
+    _tinygpt_against_eager(
+        torch.bfloat16,
+        {"rtol": 2e-2, "atol": 2e-2},
+        {"rtol": 1e-2, "atol": 1e-2},
+        {"rtol": 5e-2, "atol": 5e-3},
+    )
 
 
 def _python(code: str, *args: str) -> subprocess.CompletedProcess:
