@@ -14,6 +14,7 @@ from torch._decomp import core_aten_decompositions
 from torch._decomp import decomposition_table as decomposition_table_torch
 
 from neuroncc.frontend import fx_import  # noqa: F401  (fills LOWERINGS)
+from neuroncc.frontend.decomp_special import SPECIAL_DECOMPOSITIONS
 from neuroncc.frontend.registry import LOWERINGS
 
 aten = torch.ops.aten
@@ -246,7 +247,7 @@ def _adaptive_avg_pool2d_backward(grad_out, x):
 
 
 # Ops neuroncc has no lowering for, rewritten by PyTorch's own (global, backend-neutral)
-# decompositions into ops it lowers: pooling, as_strided_scatter, erfinv, frexp, ...
+# decompositions into ops it lowers: pooling, as_strided_scatter, frexp, ...
 _PYTORCH_EXTRAS = [
     aten._adaptive_avg_pool2d.default,
     aten.adaptive_max_pool2d.default,
@@ -257,7 +258,6 @@ _PYTORCH_EXTRAS = [
     aten.as_strided_copy.default,
     aten.unbind_copy.int,
     aten.dist.default,
-    aten.erfinv.default,
     aten.frexp.Tensor,
     aten.bucketize.Tensor,
     aten.aminmax.default,
@@ -281,6 +281,7 @@ def decomposition_table() -> dict:
     table[aten.avg_pool2d.default] = _avg_pool2d
     table[aten.avg_pool2d_backward.default] = _avg_pool2d_backward
     table[aten._adaptive_avg_pool2d_backward.default] = _adaptive_avg_pool2d_backward
+    table.update(SPECIAL_DECOMPOSITIONS)
     return table
 
 
