@@ -1,4 +1,5 @@
-"""Special functions as elementwise programs of engine ops: lgamma, digamma, polygamma, erfinv.
+"""Special functions as elementwise programs of engine ops: lgamma, digamma, polygamma, erfinv,
+ndtri, erfcx, log_ndtr.
 
 The NeuronCore has no instruction for these, so they are written the way a math library writes
 them: argument reduction (reflection, a shift by a fixed number of recurrence steps) and then an
@@ -190,24 +191,62 @@ _ERFINV_C = (-1.970840454, -1.624906493, 3.429567803, 1.641345311)
 _ERFINV_D = (3.543889200, 1.637067800)
 
 
-def _erfinv(y):
-    """calc_erfinv: a rational first guess (central and tail forms), two Newton steps on erf."""
+def _erfinv_guess(y, tail_q):
+    """calc_erfinv's first guess: a rational function of y^2 for |y| <= 0.7, else of
+    sqrt(-log q) with q = (1 - |y|) / 2, passed in so callers can supply it unrounded."""
     a, b, c, d = _ERFINV_A, _ERFINV_B, _ERFINV_C, _ERFINV_D
-    y_abs = torch.abs(y)
     z = y * y
     num = ((a[3] * z + a[2]) * z + a[1]) * z + a[0]
     dem = (((b[3] * z + b[2]) * z + b[1]) * z + b[0]) * z + 1.0
     central = y * num / dem
     # The tail form is only selected where |y| > 0.7, so its log never sees 0 there.
-    t = torch.sqrt(-torch.log(torch.clamp((1.0 - y_abs) / 2.0, min=1e-38)))
+    t = torch.sqrt(-torch.log(torch.clamp(tail_q, min=1e-38)))
     num = ((c[3] * t + c[2]) * t + c[1]) * t + c[0]
     dem = (d[1] * t + d[0]) * t + 1.0
     tail = torch.copysign(num, y) / dem
-    x = torch.where(y_abs <= 0.7, central, tail)
+    return torch.where(torch.abs(y) <= 0.7, central, tail)
+
+
+def _erfinv(y):
+    """calc_erfinv: the rational first guess, then two Newton steps on erf."""
+    y_abs = torch.abs(y)
+    x = _erfinv_guess(y, (1.0 - y_abs) / 2.0)
     for _ in range(2):
         x = x - (torch.erf(x) - y) / ((2.0 / math.sqrt(math.pi)) * torch.exp(-x * x))
     x = torch.where(y_abs == 1.0, torch.copysign(torch.full_like(y, math.inf), y), x)
     return torch.where(y_abs > 1.0, torch.full_like(y, math.nan), x)
+
+
+def _ndtri(p):
+    """The inverse normal CDF. Solved for the lower tail q = min(p, 1 - p), where Newton's
+    residual 0.5 erfc(-x / sqrt 2) - q keeps its relative accuracy, then mirrored."""
+    q = torch.where(p < 0.5, p, 1 - p)
+    x = math.sqrt(2) * _erfinv_guess(2 * q - 1, q)
+    for _ in range(2):
+        density = torch.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+        x = x - (0.5 * torch.erfc(-x / math.sqrt(2)) - q) / density
+    x = torch.where(q == 0, torch.full_like(p, -math.inf), x)
+    x = torch.where(p < 0.5, x, -x)
+    return torch.where((p < 0) | (p > 1), torch.full_like(p, math.nan), x)
+
+
+def _erfcx(x):
+    """exp(x^2) erfc(x); from x = 9 on, where erfc leaves the float32 normal range, the
+    asymptotic series 1 / (x sqrt pi) (1 - 1/(2x^2) + 3/(4x^4) - ...)."""
+    direct = torch.exp(x * x) * torch.erfc(x)
+    big = torch.clamp(x, min=9.0)
+    inv2 = 1 / (2 * big * big)
+    series = 1 - inv2 * (1 - 3 * inv2 * (1 - 5 * inv2 * (1 - 7 * inv2 * (1 - 9 * inv2))))
+    asymptotic = series / (big * math.sqrt(math.pi))
+    return torch.where(x < 9.0, direct, asymptotic)
+
+
+def _log_ndtr(x):
+    """log of the normal CDF, as calc_log_ndtr: through erfcx in the lower tail."""
+    t = x / math.sqrt(2)
+    lower = torch.log(_erfcx(-t) / 2) - t * t
+    upper = torch.log1p(-torch.erfc(t) / 2)
+    return torch.where(x < -1.0, lower, upper)
 
 
 def _floating(fn):
@@ -226,4 +265,7 @@ SPECIAL_DECOMPOSITIONS = {
     aten.digamma.default: _floating(_digamma),
     aten.polygamma.default: lambda n, x: _floating(lambda t: _polygamma(n, t))(x),
     aten.erfinv.default: _floating(_erfinv),
+    aten.special_ndtri.default: _floating(_ndtri),
+    aten.special_erfcx.default: _floating(_erfcx),
+    aten.special_log_ndtr.default: _floating(_log_ndtr),
 }
