@@ -223,7 +223,20 @@ def _aot(gm: torch.fx.GraphModule, example_inputs: list, opts: CompileOptions, n
         inference_compiler=compilers["inference"],
         decompositions=DECOMPOSITIONS,
     )
-    return backend(gm, example_inputs)
+    try:
+        return backend(gm, example_inputs)
+    except NeuronccError:
+        raise  # already decided: fallback was off, or the model does not fit the target
+    except Exception as e:  # a decomposition or AOTAutograd itself failed on this graph
+        if not opts.fallback:
+            raise
+        warnings.warn(
+            f"neuroncc could not trace graph {name} (stage aot_autograd): "
+            f"{type(e).__name__}: {str(e).splitlines()[0]}; running it eagerly in PyTorch",
+            stacklevel=2,
+        )
+        STATS.add_fallback("graph:aot_autograd")
+        return gm.forward
 
 
 def neuron_backend(

@@ -105,7 +105,9 @@ def _convolution_backward(
     """The gradients of im2col convolution: weight = grad_out^T @ windows; input = grad_out @ w
     scattered back into the windows (index_add) and cropped; bias = sum of grad_out."""
     if transposed:
-        return NotImplemented
+        return _conv_transpose_backward(
+            grad_out, x, w, stride, padding, dilation, groups, output_mask
+        )
     k = x.dim() - 2
     n, c, o = x.shape[0], x.shape[1], w.shape[0]
     kernel = list(w.shape[2:])
@@ -127,8 +129,10 @@ def _convolution_backward(
     grad_w, grad_xp = [], torch.zeros(xp.numel(), dtype=x.dtype, device=x.device)
     for g in range(groups):
         go = grad_out[:, g * og : (g + 1) * og].movedim(1, -1).reshape(rows, og)
-        cols = _conv_windows(xp, n, out_sp, cg, kernel, stride, dilation, g * cg * xp.stride(1))
-        grad_w.append((go.t() @ cols.reshape(rows, width)).reshape(og, cg, *kernel))
+        if output_mask[1]:
+            offset = g * cg * xp.stride(1)
+            cols = _conv_windows(xp, n, out_sp, cg, kernel, stride, dilation, offset)
+            grad_w.append((go.t() @ cols.reshape(rows, width)).reshape(og, cg, *kernel))
         wg = w[g * og : (g + 1) * og].reshape(og, width)
         idx = (positions + g * cg * xp.stride(1)).reshape(-1)
         grad_xp = grad_xp.index_add(0, idx, (go @ wg).reshape(-1))
@@ -139,6 +143,51 @@ def _convolution_backward(
     grad_x = grad_xp[tuple(crop)] if output_mask[0] else None
     grad_b = grad_out.sum([0, *range(2, k + 2)]) if output_mask[2] else None
     return grad_x, torch.cat(grad_w, 0) if output_mask[1] else None, grad_b
+
+
+def _conv_transpose(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """A transposed convolution is the input gradient of the ordinary convolution that maps
+    its output back to its input (weight [C_in, C_out/groups, *k] read as [O, C/groups, *k]),
+    so it is built by the same im2col scatter."""
+    if not transposed:
+        return NotImplemented
+    k = x.dim() - 2
+    out_sp = [
+        (x.shape[2 + d] - 1) * stride[d]
+        - 2 * padding[d]
+        + dilation[d] * (w.shape[2 + d] - 1)
+        + output_padding[d]
+        + 1
+        for d in range(k)
+    ]
+    like = torch.zeros(x.shape[0], w.shape[1] * groups, *out_sp, dtype=x.dtype, device=x.device)
+    mask = [True, False, False]
+    y = _convolution_backward(
+        x, like, w, None, stride, padding, dilation, False, None, groups, mask
+    )[0]
+    return y if bias is None else y + bias.view(-1, *([1] * k))
+
+
+def _conv_transpose_backward(grad_out, x, w, stride, padding, dilation, groups, output_mask):
+    """Gradients of y = conv_transpose(x, w): the input's is the ordinary convolution of
+    grad_out with w; the weight's is that convolution's weight gradient with the roles of input
+    (grad_out) and output gradient (x) exchanged."""
+    k = x.dim() - 2
+    grad_x = grad_w = grad_b = None
+    if output_mask[0]:
+        grad_x = torch.convolution(
+            grad_out, w, None, stride, padding, dilation, False, [0] * k, groups
+        )
+        # An output_padding >= stride (allowed below the dilation) adds a trailing window.
+        grad_x = grad_x[(slice(None), slice(None), *(slice(0, n) for n in x.shape[2:]))]
+    if output_mask[1]:
+        mask = [False, True, False]
+        grad_w = _convolution_backward(
+            x, grad_out, w, None, stride, padding, dilation, False, None, groups, mask
+        )[1]
+    if output_mask[2]:
+        grad_b = grad_out.sum([0, *range(2, k + 2)])
+    return grad_x, grad_w, grad_b
 
 
 def _pool_geometry(x, kernel, stride, padding):
@@ -246,6 +295,67 @@ def _adaptive_avg_pool2d_backward(grad_out, x):
     return ph.t() @ grad_out @ pw
 
 
+def _replication_pad_backward(grad_out, x, padding):
+    """Replication padding reads x at clamped indices, so its gradient adds each padded
+    position back into the edge it copied: one index_add per padded axis, last axis first."""
+    grad = grad_out
+    for i in range(len(padding) // 2):
+        d = x.dim() - 1 - i
+        before, after, n = padding[2 * i], padding[2 * i + 1], x.shape[d]
+        source = torch.arange(-before, n + after, device=x.device).clamp(0, n - 1)
+        shape = list(grad.shape)
+        shape[d] = n
+        grad = torch.zeros(shape, dtype=grad.dtype, device=grad.device).index_add(d, source, grad)
+    return grad
+
+
+def _trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    """sum over sumdim of i1 * i2 * i3, each unsqueezed at its expand dims, as one einsum
+    (which traces to matmuls) instead of the full broadcast product."""
+    total = i1.dim() + len(expand1)
+    letters = "abcdefghijklmnopqrstuvwxyz"[:total]
+
+    def spec(expand):
+        return "".join(c for d, c in enumerate(letters) if d not in expand)
+
+    out = "".join(c for d, c in enumerate(letters) if d not in sumdim)
+    eq = f"{spec(expand1)},{spec(expand2)},{spec(expand3)}->{out}"
+    return torch.einsum(eq, i1, i2, i3)
+
+
+def _searchsorted(seq, values, *, out_int32=False, right=False, side=None, sorter=None):
+    """The result of ATen's binary search, as a count: positions whose element is not >= the
+    value (left) or not > it (right). One comparison per (value, element) pair."""
+    if sorter is not None:
+        seq = seq.gather(-1, sorter)
+    right = right or side == "right"
+    if seq.dim() == 1:
+        row = seq.view(*([1] * values.dim()), -1)
+    else:
+        row = seq.unsqueeze(-2)
+    v = values.unsqueeze(-1)
+    before = ~(row > v) if right else ~(row >= v)
+    return before.sum(-1, dtype=torch.int32 if out_int32 else torch.int64)
+
+
+def _histc(x, bins=100, min=0, max=0):
+    """histc: each element's bin (ATen's linear-interpolation formula, the right edge into the
+    last bin), counted with a scatter_add; elements outside [min, max] and NaNs count nothing."""
+    x = x.flatten()
+    if x.numel() == 0:
+        return torch.zeros(bins, dtype=x.dtype, device=x.device)
+    lo = torch.full((), min, dtype=x.dtype, device=x.device)
+    hi = torch.full((), max, dtype=x.dtype, device=x.device)
+    if min == max:
+        lo, hi = x.min(), x.max()
+    same = lo == hi
+    lo, hi = torch.where(same, lo - 1, lo), torch.where(same, hi + 1, hi)
+    inside = (x >= lo) & (x <= hi)
+    pos = ((x - lo) * bins / (hi - lo)).to(torch.int64).clamp(0, bins - 1)
+    counts = torch.zeros(bins, dtype=x.dtype, device=x.device)
+    return counts.scatter_add(0, pos, inside.to(x.dtype))
+
+
 # Ops neuroncc has no lowering for, rewritten by PyTorch's own (global, backend-neutral)
 # decompositions into ops it lowers: pooling, as_strided_scatter, frexp, ...
 _PYTORCH_EXTRAS = [
@@ -277,10 +387,20 @@ def decomposition_table() -> dict:
     table[aten._scaled_dot_product_flash_attention_for_cpu_backward.default] = (
         _flash_attention_cpu_backward
     )
+    table[aten.convolution.default] = _conv_transpose
     table[aten.convolution_backward.default] = _convolution_backward
     table[aten.avg_pool2d.default] = _avg_pool2d
     table[aten.avg_pool2d_backward.default] = _avg_pool2d_backward
     table[aten._adaptive_avg_pool2d_backward.default] = _adaptive_avg_pool2d_backward
+    for op in (
+        aten.replication_pad1d_backward.default,
+        aten.replication_pad2d_backward.default,
+        aten.replication_pad3d_backward.default,
+    ):
+        table[op] = _replication_pad_backward
+    table[aten._trilinear.default] = _trilinear
+    table[aten.searchsorted.Tensor] = _searchsorted
+    table[aten.histc.default] = _histc
     table.update(SPECIAL_DECOMPOSITIONS)
     return table
 

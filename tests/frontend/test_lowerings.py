@@ -416,6 +416,62 @@ CASES = {
         [f32(3, 4), f32(2, 3, 5), f32(2, 5, 4), f32(7), lambda: torch.tensor([5, -1, 0])],
         True,
     ),
+    "conv_transpose": (
+        lambda x, w, b, x1, w1: (
+            F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1),
+            F.conv_transpose1d(x1, w1, stride=3, groups=2, dilation=2),
+        ),
+        [f32(2, 4, 5, 6), f32(4, 3, 3, 3), f32(3), f32(2, 4, 7), f32(4, 3, 2)],
+        True,
+    ),
+    "replicate_pad_bilinear": (
+        lambda x, a, b, w, bias: (
+            F.pad(x, (1, 2, 2, 1), mode="replicate"),
+            F.pad(x[0], (2, -1), mode="replicate"),
+            F.bilinear(a, b, w, bias),
+        ),
+        [f32(2, 3, 4, 5), f32(6, 4), f32(6, 3), f32(5, 4, 3), f32(5)],
+        True,
+    ),
+    # Away from the poles at the non-positive integers: reflection and the series both run.
+    "special_gamma": (
+        lambda x: (
+            torch.lgamma(x),
+            torch.digamma(x),
+            torch.polygamma(1, x),
+            torch.polygamma(3, x),
+            torch.mvlgamma(x.abs() + 2, 3),
+        ),
+        [lambda: torch.cat([torch.arange(-7.0, 9.0) + 0.3, torch.arange(-7.0, 9.0) + 0.7])],
+        True,
+    ),
+    "special_normal": (
+        lambda p, x: (
+            torch.erfinv(2 * p - 1),
+            torch.special.ndtri(p),
+            torch.special.erfcx(x),
+            torch.special.log_ndtr(x),
+            torch.erfc(x),
+        ),
+        [lambda: torch.rand(40) * 0.98 + 0.01, lambda: torch.randn(40) * 4],
+        True,
+    ),
+    "cummax_cummin": (
+        lambda x: (*torch.cummax(x, 1), *torch.cummin(x, 0)),
+        [f32(5, 9)],
+        True,
+    ),
+    "histc_searchsorted": (
+        lambda x, s, v: (
+            torch.histc(x, 10, -2, 2),
+            torch.histc(x, 5),
+            torch.searchsorted(s.sort().values, v),
+            torch.searchsorted(s.sort().values, v, right=True),
+            torch.isin(torch.cat([v, s[:3]]), s),
+        ),
+        [f32(50), f32(12), f32(6)],
+        False,
+    ),
     "attention": (
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
         [f32(2, 2, 8, 4), f32(2, 2, 8, 4), f32(2, 2, 8, 4)],
