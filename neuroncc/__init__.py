@@ -11,7 +11,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-from neuroncc.errors import (  # noqa: E402
+from neuroncc.errors import (
     CapacityError,
     CodegenError,
     NeuronccError,
@@ -20,8 +20,8 @@ from neuroncc.errors import (  # noqa: E402
     SimulationError,
     UnsupportedError,
 )
-from neuroncc.options import CompileOptions  # noqa: E402
-from neuroncc.runtime.stats import STATS as _STATS  # noqa: E402
+from neuroncc.options import CompileOptions
+from neuroncc.runtime.stats import STATS as _STATS
 
 
 def stats() -> dict[str, Any]:

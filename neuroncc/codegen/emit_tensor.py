@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 from neuroncc.codegen import isa
-from neuroncc.errors import CodegenError
 from neuroncc.codegen.emit import TILE_BYTES, EmitCtx, P, rect, register, tiles_2d
+from neuroncc.errors import CodegenError
 from neuroncc.ir.graph import Node, Value
 from neuroncc.ir.ops import Op
 from neuroncc.ir.types import DType, contiguous_strides

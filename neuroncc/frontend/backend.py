@@ -23,9 +23,9 @@ from torch._dynamo.backends.common import aot_autograd
 from neuroncc import __version__
 from neuroncc.codegen.lower import emit_graph
 from neuroncc.codegen.targets import get_target
+from neuroncc.errors import CapacityError, NeuronccError, UnsupportedError
 from neuroncc.frontend.decompositions import DECOMPOSITIONS
 from neuroncc.frontend.dump import dump_graph
-from neuroncc.errors import CapacityError, NeuronccError, UnsupportedError
 from neuroncc.frontend.fx_import import import_fx
 from neuroncc.frontend.partition import find_declined, report_fallback, split_graph
 from neuroncc.ir.printer import print_graph

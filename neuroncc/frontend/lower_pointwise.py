@@ -99,7 +99,7 @@ COMPARE = {
 }
 
 
-def operand_dtype(*args: Value | float | int | bool) -> DType:
+def operand_dtype(*args: Value | float | bool) -> DType:
     """The dtype PyTorch's type promotion gives operands of these dtypes and ranks."""
     probes = []
     for a in args:

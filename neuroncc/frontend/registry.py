@@ -106,7 +106,7 @@ class LowerCtx:
         v = self.reshape(v, (1,) * lead + v.type.shape)
         return self.op(Op.BROADCAST, v, shape=shape)
 
-    def tensor(self, x: Value | float | int | bool, dtype: DType, shape: Sequence[int]) -> Value:
+    def tensor(self, x: Value | float | bool, dtype: DType, shape: Sequence[int]) -> Value:
         """x as a Value of `dtype` broadcast to `shape` (a Python scalar becomes a constant)."""
         if isinstance(x, Value):
             return self.broadcast_to(self.cast(x, dtype), shape)

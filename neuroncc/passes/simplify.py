@@ -59,9 +59,11 @@ def _identity(n: Node, em: _Emitter) -> Value | None:
     if len(n.inputs) != 1:
         return None
     x = n.inputs[0]
-    if n.op in (Op.RESHAPE, Op.BROADCAST, Op.CAST, Op.SLICE, Op.TRANSPOSE) and x.type == n.out.type:
-        if n.op != Op.TRANSPOSE or n.attr("perm") == tuple(range(x.type.rank)):
-            return x
+    same = (
+        n.op in (Op.RESHAPE, Op.BROADCAST, Op.CAST, Op.SLICE, Op.TRANSPOSE) and x.type == n.out.type
+    )
+    if same and (n.op != Op.TRANSPOSE or n.attr("perm") == tuple(range(x.type.rank))):
+        return x
     return None
 
 

@@ -23,16 +23,16 @@ ARCHS = [
     "opt",
     "mixtral",
 ]
-SMALL = dict(
-    num_hidden_layers=2,
-    hidden_size=64,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=256,
-    intermediate_size=128,
-    max_position_embeddings=128,
-    pad_token_id=0,
-)
+SMALL = {
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "intermediate_size": 128,
+    "max_position_embeddings": 128,
+    "pad_token_id": 0,
+}
 TOL = {"rtol": 1e-4, "atol": 1e-5}
 
 
@@ -154,14 +154,14 @@ def test_diffusers_regional_compile_shares_one_compile(fresh):
         pooled_projection_dim=8,
         axes_dims_rope=(2, 2, 4),
     ).eval()
-    inputs = dict(
-        hidden_states=torch.randn(1, 16, 4),
-        encoder_hidden_states=torch.randn(1, 5, 16),
-        pooled_projections=torch.randn(1, 8),
-        timestep=torch.tensor([0.5]),
-        img_ids=torch.randn(16, 3),
-        txt_ids=torch.randn(5, 3),
-    )
+    inputs = {
+        "hidden_states": torch.randn(1, 16, 4),
+        "encoder_hidden_states": torch.randn(1, 5, 16),
+        "pooled_projections": torch.randn(1, 8),
+        "timestep": torch.tensor([0.5]),
+        "img_ids": torch.randn(16, 3),
+        "txt_ids": torch.randn(5, 3),
+    }
     with torch.no_grad():
         want = model(**inputs).sample
         model.compile_repeated_blocks(backend="neuron")

@@ -56,7 +56,7 @@ CASES = {
         True,
     ),
     "comparisons": (
-        lambda a, b: (a < b, a <= b, a > 0, a >= b, a == a, a != b),
+        lambda a, b: (a < b, a <= b, a > 0, a >= b, a == a, a != b),  # noqa: PLR0124
         [f32(3, 5), f32(3, 5)],
         False,
     ),

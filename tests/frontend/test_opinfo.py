@@ -5,7 +5,7 @@ import pytest
 
 pytest.importorskip("expecttest")
 
-from tools.opinfo_sweep import run_op  # noqa: E402
+from tools.opinfo_sweep import run_op
 
 QUICK = [
     "add",
