@@ -212,6 +212,17 @@ class ShapeSpecializer:
         return fn(*args)
 
 
+# Raised on purpose: neuroncc's own verdicts (fallback off, model too big for the target), and
+# the exceptions Dynamo answers itself, with a graph break (data-dependent outputs, ...) or a
+# restart.
+_PASS_THROUGH = (
+    NeuronccError,
+    IndexError,
+    torch._dynamo.exc.TorchDynamoException,
+    *torch._dynamo.exc.exceptions_allowed_to_be_fallback,
+)
+
+
 def _aot(gm: torch.fx.GraphModule, example_inputs: list, opts: CompileOptions, name: str):
     compilers = {
         kind: functools.partial(compile_aten_graph, opts=opts, name=f"{name}_{kind}")
@@ -225,8 +236,8 @@ def _aot(gm: torch.fx.GraphModule, example_inputs: list, opts: CompileOptions, n
     )
     try:
         return backend(gm, example_inputs)
-    except NeuronccError:
-        raise  # already decided: fallback was off, or the model does not fit the target
+    except _PASS_THROUGH:
+        raise
     except Exception as e:  # a decomposition or AOTAutograd itself failed on this graph
         if not opts.fallback:
             raise

@@ -356,6 +356,44 @@ def _histc(x, bins=100, min=0, max=0):
     return counts.scatter_add(0, pos, inside.to(x.dtype))
 
 
+def _nonzero_static(x, *, size, fill_value=-1):
+    """The first `size` nonzero positions in row-major order, padded with fill_value: each
+    nonzero element's rank (a cumulative sum) says which output row its coordinates go to;
+    the rest are sent to a spare row that is dropped."""
+    flat = x.flatten() != 0
+    rank = torch.cumsum(flat.to(torch.int64), 0) - 1
+    row = torch.where(flat & (rank < size), rank, size)
+    i = torch.arange(flat.numel(), device=x.device)
+    strides = [math.prod(x.shape[d + 1 :]) for d in range(x.dim())]
+    if x.dim() == 0:
+        coords = torch.zeros(flat.numel(), 0, dtype=torch.int64, device=x.device)
+    else:
+        coords = torch.stack([(i // st) % n for st, n in zip(strides, x.shape, strict=True)], -1)
+    out = torch.full((size + 1, x.dim()), fill_value, dtype=torch.int64, device=x.device)
+    return out.index_put((row,), coords)[:size]
+
+
+def _masked_scatter(x, mask, source):
+    """Masked positions take source's elements in order: the k-th masked position (its rank,
+    a cumulative sum) reads source.flatten()[k]."""
+    shape = torch.broadcast_shapes(x.shape, mask.shape)
+    m = mask.expand(shape).flatten()
+    rank = (torch.cumsum(m.to(torch.int64), 0) - 1).clamp(min=0)
+    taken = source.flatten()[rank.clamp(max=max(source.numel() - 1, 0))]
+    return torch.where(m, taken, x.expand(shape).flatten()).view(shape)
+
+
+def _masked_scatter_backward(grad, mask, sizes):
+    """The source's gradient: masked positions' gradients sent back to the source element
+    they read; unread source elements get zero."""
+    n = math.prod(sizes)
+    m = mask.expand(grad.shape).flatten()
+    rank = torch.cumsum(m.to(torch.int64), 0) - 1
+    target = torch.where(m & (rank < n), rank, n)
+    out = torch.zeros(n + 1, dtype=grad.dtype, device=grad.device)
+    return out.index_put((target,), grad.flatten(), accumulate=True)[:n].view(sizes)
+
+
 # Ops neuroncc has no lowering for, rewritten by PyTorch's own (global, backend-neutral)
 # decompositions into ops it lowers: pooling, as_strided_scatter, frexp, ...
 _PYTORCH_EXTRAS = [
@@ -401,6 +439,9 @@ def decomposition_table() -> dict:
     table[aten._trilinear.default] = _trilinear
     table[aten.searchsorted.Tensor] = _searchsorted
     table[aten.histc.default] = _histc
+    table[aten.nonzero_static.default] = _nonzero_static
+    table[aten.masked_scatter.default] = _masked_scatter
+    table[aten.masked_scatter_backward.default] = _masked_scatter_backward
     table.update(SPECIAL_DECOMPOSITIONS)
     return table
 

@@ -472,6 +472,16 @@ CASES = {
         [f32(50), f32(12), f32(6)],
         False,
     ),
+    "masked_scatter": (
+        lambda x, m, src: x.masked_scatter(m, src),
+        [f32(4, 5), boolean(4, 5), f32(20)],
+        True,
+    ),
+    "nonzero_static": (
+        lambda x: (torch.nonzero_static(x, size=7), torch.nonzero_static(x, size=30, fill_value=9)),
+        [lambda: torch.randint(0, 3, (4, 5)).float()],
+        False,
+    ),
     "attention": (
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
         [f32(2, 2, 8, 4), f32(2, 2, 8, 4), f32(2, 2, 8, 4)],
