@@ -2,7 +2,8 @@
 
     model = torch.compile(model, backend="neuron", options={"target": "trn2"})
 
-Public API: stats(), reset_stats(), CompileOptions, the error types, __version__.
+Public API: stats(), reset_stats(), profiles(), write_trace(), CompileOptions, the error types,
+__version__.
 """
 
 from __future__ import annotations
@@ -33,6 +34,26 @@ def reset_stats() -> None:
     _STATS.reset()
 
 
+def profiles() -> dict[str, Any]:
+    """Per compiled graph executed since the last reset: its timing.Profile (device time,
+    per-engine busy time, MFU/HFU, memory traffic, roofline)."""
+    return {name: c.profile for name, c in _STATS.executed().items()}
+
+
+def write_trace(path: str) -> str:
+    """Write the simulated schedule of every graph executed since the last reset as one
+    Chrome trace-event file (open it in Perfetto or chrome://tracing): a process per graph,
+    a track per engine and DMA queue. Returns the path."""
+    import json
+
+    events: list = []
+    for pid, compiled in enumerate(_STATS.executed().values()):
+        events += compiled.trace_events(pid)["traceEvents"]
+    with open(path, "w") as f:
+        json.dump({"traceEvents": events, "displayTimeUnit": "ns"}, f)
+    return path
+
+
 __all__ = [
     "CapacityError",
     "CodegenError",
@@ -43,6 +64,8 @@ __all__ = [
     "SimulationError",
     "UnsupportedError",
     "__version__",
+    "profiles",
     "reset_stats",
     "stats",
+    "write_trace",
 ]

@@ -15,7 +15,8 @@ not yet superseded, each with a conservative bounding box (partitions x bytes, o
 for HBM). A new access waits on every overlapping earlier access where either side writes.
 Because engines execute in order, waiting on the latest such instruction of each engine implies
 the earlier ones, so deps keep one id per engine. An access that a later write covers entirely is
-dropped: anything overlapping it later overlaps the write too and is ordered through it.
+dropped: anything overlapping it later overlaps the write too and is ordered through it. Likewise
+a read covered by a later read on the same engine: engines run in order.
 """
 
 from __future__ import annotations
@@ -81,6 +82,14 @@ class DepTracker:
             live = self._live.setdefault(mem, IntervalIndex())
             if write:
                 live.remove_where(box[2], box[3], lambda a, box=box: covers(box, a.box))
+            else:  # a later read by the same engine orders everything the earlier one did
+                live.remove_where(
+                    box[2],
+                    box[3],
+                    lambda a, box=box, e=ins.engine: (
+                        not a.write and a.engine == e and covers(box, a.box)
+                    ),
+                )
             live.add(box[2], box[3], _Access(ins_id, ins.engine, box, write))
 
 

@@ -4,14 +4,18 @@ The simulator's timing, and later the passes' decisions, call `instr_ns`. Formul
 `shared/docs/ref-neuroncore.md` section 1c (NKI ISA "estimated instruction cost", NC-v2 era);
 N is the number of elements per partition (the free size).
 
-Note [dma efficiency]: a DMA moves its data as descriptors of contiguous runs; runs shorter than
-a burst cost as much as a full burst (`dma_min_burst_bytes`). This is what makes an
-element-strided DMA transpose slow, as the docs warn; the exact burst size is our approximation.
+Note [dma efficiency]: a DMA moves its data as descriptors, one per contiguous run (a partition
+row of a tile, a contiguous stretch of HBM). Each descriptor costs a DMA engine a fixed
+`dma_descriptor_ns` plus its bytes at the engine's bandwidth, and runs shorter than a burst cost
+as much as a full burst (`dma_min_burst_bytes`). So small rows are overhead-bound and element-
+strided transposes slow, as the docs warn; the burst size is our approximation, the descriptor
+cost is calibrated (targets.py).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from neuroncc.codegen import isa
 from neuroncc.codegen.targets import Target
@@ -26,19 +30,61 @@ def engine_ghz(engine: str, t: Target) -> float:
     ]
 
 
+@dataclass(frozen=True)
+class DmaWork:
+    """What a DMA asks of the DMA engines: `descriptors` contiguous runs of `run_bytes` each
+    (`payload` bytes in all), spread over the engines."""
+
+    descriptors: int
+    run_bytes: int
+    payload: int
+
+    def engine_ns(self, descriptors: int, t: Target) -> float:
+        """Time one engine spends on `descriptors` of these runs (Note [dma efficiency])."""
+        burst = max(self.run_bytes, t.dma_min_burst_bytes)
+        per_engine_gbps = min(t.dma_engine_gbps, t.hbm_gbps / t.dma_engines)
+        return descriptors * (t.dma_descriptor_ns + burst / per_engine_gbps)
+
+    def ideal_ns(self, t: Target) -> float:
+        """The payload at full bandwidth over all engines: what a perfect DMA would take."""
+        return self.payload / t.dma_gbps
+
+
 def _run_bytes(ref: isa.Operand) -> int:
+    """Bytes per descriptor on one side: a partition row of a tile (partitions are separate
+    memories), or a contiguous run of an HBM access pattern."""
     if isinstance(ref, isa.TileRef):
         return ref.free_bytes
     return ref.contiguous_run() * ref.dtype.itemsize
 
 
-def dma_ns(nbytes: int, run_bytes: int, t: Target) -> float:
-    if nbytes == 0:
-        return t.dma_fixed_ns
-    run_bytes = max(1, min(run_bytes, nbytes))
-    runs = math.ceil(nbytes / run_bytes)
-    effective = runs * max(run_bytes, t.dma_min_burst_bytes)
-    return t.dma_fixed_ns + effective / t.dma_engine_gbps
+def dma_work(ins: isa.Instr, t: Target) -> DmaWork:
+    work = _dma_work(ins)
+    if work.run_bytes <= t.dma_max_descriptor_bytes:
+        return work
+    run = t.dma_max_descriptor_bytes
+    return DmaWork(math.ceil(work.payload / run), run, work.payload)
+
+
+def _dma_work(ins: isa.Instr) -> DmaWork:
+    if isinstance(ins, isa.Dma):
+        payload = ins.dst.numel * ins.dst.dtype.itemsize
+        run = max(1, min(_run_bytes(ins.src), _run_bytes(ins.dst), payload))
+    elif isinstance(ins, isa.DmaGather):
+        run, payload = ins.dst.free_bytes, ins.dst.np * ins.dst.free_bytes
+    elif isinstance(ins, isa.DmaScatter):
+        run = ins.src.free_bytes
+        payload = ins.src.np * run * (1 if ins.combine == "set" else 2)  # read-modify-write
+    else:
+        raise TypeError(f"{type(ins).__name__} is not a DMA")
+    return DmaWork(math.ceil(payload / run) if payload else 0, run, payload)
+
+
+def dma_ns(nbytes: int, run_bytes: int, t: Target, engines: int = 1) -> float:
+    """A transfer of nbytes in runs of run_bytes, alone on `engines` DMA engines."""
+    work = DmaWork(math.ceil(nbytes / run_bytes), run_bytes, nbytes)
+    per_engine = math.ceil(work.descriptors / engines)
+    return work.engine_ns(per_engine, t)
 
 
 def _vector_cycles(n: int, per_elem: float, t: Target, lowp: bool) -> float:
@@ -47,6 +93,13 @@ def _vector_cycles(n: int, per_elem: float, t: Target, lowp: bool) -> float:
 
 
 def compute_cycles(ins: isa.Instr, t: Target) -> float:
+    """Engine cycles of one compute instruction; every GpSimdE instruction also pays its
+    start-up cost (`iota`: 150 + N)."""
+    cycles = _cycles(ins, t)
+    return cycles + t.gpsimd_startup_cycles if ins.engine == "pool" else cycles
+
+
+def _cycles(ins: isa.Instr, t: Target) -> float:
     if isinstance(ins, isa.Matmul):
         m, n = ins.stationary.free_elems, ins.moving.free_elems
         slow = t.pe_fp32_slowdown if ins.moving.dtype == DType.F32 else 1
@@ -70,27 +123,26 @@ def compute_cycles(ins: isa.Instr, t: Target) -> float:
         per_elem = 0.5 if ins.dst.dtype in _LOW_PRECISION and ins.value == 0 else 1.0
         return _vector_cycles(ins.dst.free_elems, per_elem, t, False)
     if isinstance(ins, isa.Iota):
-        return t.gpsimd_startup_cycles + ins.dst.free_elems
+        return ins.dst.free_elems
     raise TypeError(f"no cost formula for {type(ins).__name__}")
 
 
 def instr_ns(ins: isa.Instr, t: Target) -> float:
-    """Time in ns that `ins` occupies its engine."""
-    if isinstance(ins, isa.Dma):
-        run = min(_run_bytes(ins.src), _run_bytes(ins.dst))
-        return dma_ns(ins.dst.numel * ins.dst.dtype.itemsize, run, t)
-    if isinstance(ins, isa.DmaGather):
-        row = ins.dst.free_bytes
-        return dma_ns(ins.dst.np * row, row, t)
-    if isinstance(ins, isa.DmaScatter):
-        row = ins.src.free_bytes
-        moved = ins.src.np * row * (1 if ins.combine == "set" else 2)  # read-modify-write
-        return dma_ns(moved, row, t)
+    """Time in ns that a compute instruction occupies its engine (DMAs: see dma_work)."""
     return compute_cycles(ins, t) / engine_ghz(ins.engine, t)
 
 
 def matmul_flops(ins: isa.Instr) -> int:
+    """Useful FLOPs: 2 K M N of the operands as given."""
     if not isinstance(ins, isa.Matmul):
         return 0
     k = ins.stationary.np
     return 2 * k * ins.stationary.free_elems * ins.moving.free_elems
+
+
+def matmul_hw_flops(ins: isa.Instr, t: Target) -> int:
+    """FLOPs the array spends: a matmul streams N columns through all 128 x 128 PEs whatever
+    part of the array K and M fill (what HFU counts, beside MFU's useful FLOPs)."""
+    if not isinstance(ins, isa.Matmul):
+        return 0
+    return 2 * t.pe_rows * t.pe_stationary_fmax * ins.moving.free_elems

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from neuroncc.ir.types import DType
+
 KIB = 1024
 GIB = 1024**3
 
@@ -39,16 +41,36 @@ class Target(BaseModel):
     pe_stationary_fmax: int = 128
     pe_moving_fmax: int = 512
     pe_fp32_slowdown: int = 4  # "FP32 inputs cost 4x" (1c)
-    # DMA: 16 engines (queues) per core; per-engine bandwidth from the B/ns table.
+    # TensorE warm-up throttling (1c, Neuron Explorer "Understanding throttling"): the array
+    # starts at `pe_throttle_start` of full rate and ramps to full over `pe_throttle_ramp_ns` of
+    # busy time; the limit returns when utilisation falls below 50% over that window.
+    pe_throttle_start: float = Field(default=1.0, gt=0, le=1)
+    pe_throttle_ramp_ns: float = Field(default=3000.0, gt=0)
+    # DMA (1a, 1c): 16 DMA engines per core; every transfer fans its descriptors (one per
+    # partition row or contiguous run) out over them. An engine spends `dma_descriptor_ns` per
+    # descriptor plus the bytes at `dma_engine_gbps`; all engines together are capped by HBM.
+    # DMA queues (instruction streams) run in order; different queues share the engines.
+    dma_engines: int = 16
     dma_queues: int = 16
     dma_engine_gbps: float = Field(gt=0)
-    dma_fixed_ns: float = Field(ge=0)
+    dma_descriptor_ns: float = Field(ge=0)
     dma_min_burst_bytes: int = 64  # see Note [dma efficiency] in costs.py
+    dma_max_descriptor_bytes: int = 64 * KIB  # [assumed] longer runs are split
     # Fixed per-instruction costs in engine cycles (1c).
     access_overhead_cycles: int = 60  # "starting any SBUF/PSUM access costs ~60 cycles"
     min_ii_cycles: int = 64  # MIN_II
-    gpsimd_startup_cycles: int = 150
+    gpsimd_startup_cycles: int = 150  # every GpSimdE instruction
     semaphore_ns: float = 0.0  # cross-engine wait latency beyond the producer's finish
+
+    def peak_flops_per_ns(self, dtype: DType) -> float:
+        """TensorE peak: 128x128 MACs per cycle for bf16/fp16 (1a), fp32 at 1/4 rate."""
+        peak = 2 * self.pe_rows * self.pe_stationary_fmax * self.tensor_ghz
+        return peak / self.pe_fp32_slowdown if dtype == DType.F32 else peak
+
+    @property
+    def dma_gbps(self) -> float:
+        """All DMA engines together, as HBM allows."""
+        return min(self.dma_engines * self.dma_engine_gbps, self.hbm_gbps)
 
 
 TRN1 = Target(
@@ -63,7 +85,10 @@ TRN1 = Target(
     hbm_bytes=16 * GIB,  # 32 GiB per chip / 2 cores [derived]
     hbm_gbps=410.0,  # 820 GB/s per chip / 2 cores [derived]
     dma_engine_gbps=17.0,  # 17 B/ns per engine (nki-dma-bandwidth-guide table)
-    dma_fixed_ns=64.0,
+    # No hardware descriptor generation on NC-v2 (1a). Fitted, within the docs' "< 256 B per
+    # partition is overhead-bound, >= 4 KiB saturates", to the NKI matmul tutorial's
+    # published latencies (section 3); tools/calibrate.py reproduces them.
+    dma_descriptor_ns=75.0,
 )
 
 TRN2 = Target(
@@ -77,8 +102,11 @@ TRN2 = Target(
     sbuf_partition_bytes=224 * KIB,  # 28 MiB = 128 x 224 KiB
     hbm_bytes=24 * GIB,  # LNC=2 logical core: 24 GiB [derived]
     hbm_gbps=725.0,  # LNC=2 logical core [derived]
-    dma_engine_gbps=23.0,  # 23 B/ns; fits 32 KiB in 1416 ns on one engine
-    dma_fixed_ns=0.0,
+    # 27.2 GB/s theoretical per engine (nki-dma-overview); with 26 ns per descriptor a 32 KiB
+    # transfer of 8 partition rows x 4 KiB takes the measured 1416 ns on one engine (1c).
+    dma_engine_gbps=27.2,
+    dma_descriptor_ns=26.0,
+    pe_throttle_start=0.5,
 )
 
 TRN3 = Target(
@@ -92,8 +120,9 @@ TRN3 = Target(
     sbuf_partition_bytes=256 * KIB,  # 32 MiB = 128 x 256 KiB
     hbm_bytes=18 * GIB,  # 144 GiB / 8 cores [derived]
     hbm_gbps=612.0,  # [derived]
-    dma_engine_gbps=33.0,  # 33 B/ns per engine
-    dma_fixed_ns=0.0,
+    dma_engine_gbps=38.4,  # 38.4 GB/s theoretical per engine (nki-dma-overview)
+    dma_descriptor_ns=26.0,  # [assumed] as trn2: no published trn3 measurement
+    pe_throttle_start=0.5,
 )
 
 TARGETS: dict[str, Target] = {t.name: t for t in (TRN1, TRN2, TRN3)}

@@ -18,7 +18,7 @@ from neuroncc.codegen.program import Executable
 from neuroncc.codegen.targets import get_target
 from neuroncc.runtime import simulator
 from neuroncc.runtime.stats import STATS
-from neuroncc.runtime.timing import Profile, time_executable
+from neuroncc.runtime.timing import Profile, time_executable, trace_events
 
 
 def to_numpy(t: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -54,10 +54,9 @@ class CompiledExecutable:
         arrays = [to_numpy(a) for a in args]
         outs = simulator.run(self.exe, arrays, self.target, check_races=not self._verified)
         self._verified = True
-        prof = self.profile
-        STATS.add("executions")
-        STATS.add("instructions", prof.instructions)
-        STATS.add("device_seconds", prof.device_ns * 1e-9)
-        STATS.add("hbm_bytes", prof.hbm_bytes)
-        STATS.add_engine_busy(prof.engine_busy_ns)
+        STATS.add_execution(self.exe.name, self.profile, self)
         return [to_torch(o) for o in outs]
+
+    def trace_events(self, pid: int = 0) -> dict:
+        """This executable's schedule in Chrome trace-event format (see timing.trace_events)."""
+        return trace_events(self.exe, self.target, pid)

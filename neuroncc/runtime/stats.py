@@ -18,8 +18,19 @@ _COUNTERS = (
     "executions",
     "instructions",
     "device_seconds",
+    "roofline_seconds",
+    "throttled_seconds",
+    "flops",
+    "hw_flops",
     "hbm_bytes",
+    "sbuf_bytes",
+    "psum_bytes",
+    "spill_bytes",
+    "dma_bytes",
 )
+# Time-weighted: summed as value x device seconds, reported divided by device_seconds.
+_WEIGHTED = ("mfu", "hfu", "dma_efficiency")
+_FLOAT = ("device_seconds", "roofline_seconds", "throttled_seconds")
 
 
 class Stats:
@@ -32,6 +43,8 @@ class Stats:
             self._values: dict[str, float] = dict.fromkeys(_COUNTERS, 0)
             self._fallback: Counter[str] = Counter()
             self._engine_busy: Counter[str] = Counter()
+            self._weighted: Counter[str] = Counter()
+            self._graphs: dict[str, dict[str, Any]] = {}
             self._warned: set[str] = set()  # ops warned about since the last reset
 
     def add(self, key: str, amount: float = 1) -> None:
@@ -40,10 +53,37 @@ class Stats:
         with self._lock:
             self._values[key] += amount
 
-    def add_engine_busy(self, busy_ns: dict[str, float]) -> None:
+    def add_execution(self, graph: str, prof: Any, compiled: Any) -> None:
+        """One execution of `compiled` (a CompiledExecutable) with timing.Profile `prof`."""
+        seconds = prof.device_ns * 1e-9
+        amounts = {
+            "executions": 1,
+            "instructions": prof.instructions,
+            "device_seconds": seconds,
+            "roofline_seconds": prof.roofline_ns * 1e-9,
+            "throttled_seconds": prof.throttled_ns * 1e-9,
+            "flops": prof.flops,
+            "hw_flops": prof.hw_flops,
+            "hbm_bytes": prof.hbm_bytes,
+            "sbuf_bytes": prof.sbuf_read_bytes + prof.sbuf_write_bytes,
+            "psum_bytes": prof.psum_read_bytes + prof.psum_write_bytes,
+            "spill_bytes": prof.spill_bytes,
+            "dma_bytes": prof.dma_bytes,
+        }
         with self._lock:
-            for engine, ns in busy_ns.items():
+            for key, amount in amounts.items():
+                self._values[key] += amount
+            for key in _WEIGHTED:
+                self._weighted[key] += getattr(prof, key) * seconds
+            for engine, ns in prof.engine_busy_ns.items():
                 self._engine_busy[engine] += ns * 1e-9
+            entry = self._graphs.setdefault(graph, {"executions": 0})
+            entry.update(executions=entry["executions"] + 1, profile=prof, compiled=compiled)
+
+    def executed(self) -> dict[str, Any]:
+        """Per graph executed since the last reset: its CompiledExecutable."""
+        with self._lock:
+            return {name: g["compiled"] for name, g in self._graphs.items()}
 
     def add_fallback(self, op: str) -> bool:
         """Count one node of `op` that runs eagerly; True the first time since the last reset."""
@@ -56,10 +96,22 @@ class Stats:
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             out: dict[str, Any] = {
-                k: (v if k == "device_seconds" else int(v)) for k, v in self._values.items()
+                k: (v if k in _FLOAT else int(v)) for k, v in self._values.items()
             }
+            device = self._values["device_seconds"]
+            for key in _WEIGHTED:
+                out[key] = self._weighted[key] / device if device else 0.0
             out["fallback_nodes"] = dict(self._fallback)
             out["engine_busy_seconds"] = dict(self._engine_busy)
+            out["graphs"] = {
+                name: {
+                    "executions": g["executions"],
+                    "device_seconds": g["profile"].device_ns * 1e-9,
+                    "roofline_seconds": g["profile"].roofline_ns * 1e-9,
+                    "mfu": g["profile"].mfu,
+                }
+                for name, g in self._graphs.items()
+            }
         return out
 
 

@@ -1,23 +1,44 @@
-"""The timing model: when each instruction starts and ends on its engine.
+"""The timing model: when each instruction starts and ends, and what the execution costs.
 
-Each engine (and DMA queue) executes its stream in order; an instruction starts when its engine
-is free and every instruction it waits on has finished. Durations come from codegen/costs.py.
-Shapes are static, so an executable's timing is computed once and reused for every execution.
+- Compute engines (pe, act, dve, pool) execute their streams in order. An instruction starts
+  when its engine is free and every instruction it waits on (`deps`) has finished; its
+  duration comes from codegen/costs.py. TensorE runs throttled after an idle spell on targets
+  that throttle (targets.py).
+- A DMA is issued on a queue (q0..q15); each queue runs in order. Its descriptors fan out over
+  the DMA engines, which all queues share: on each engine its share goes into the earliest idle
+  gap, so an independent transfer on another queue is never stuck behind a waiting one. The
+  DMA ends when its last share does.
+
+Nothing here touches tensor data: timing needs only the instruction stream, so a program is
+timed without being run ("timing-only": `time_executable` on any Executable). Shapes are static,
+so an executable's profile is computed once and reused for every execution.
 """
 
 from __future__ import annotations
 
+import bisect
+import json
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from neuroncc.codegen import costs, isa
 from neuroncc.codegen.program import Executable
 from neuroncc.codegen.targets import Target
+from neuroncc.ir.types import DType
 
 
 @dataclass(frozen=True)
 class Profile:
-    """What one execution of an executable costs on the target."""
+    """What one execution of an executable costs on the target.
+
+    mfu / hfu follow neuron-profile: FLOPs over (TensorE peak x device time), MFU counting the
+    useful 2KMN of each matmul, HFU what the 128x128 array spends (partial tiles count whole).
+    roofline_ns is max(FLOPs / peak, unavoidable HBM bytes / bandwidth): inputs read once and
+    outputs written once. spill bytes are HBM traffic of intermediate buffers, which a fused
+    program would keep on chip. dma_efficiency is the payload at full DMA bandwidth over the
+    time the engines were busy.
+    """
 
     target: str
     device_ns: float
@@ -25,13 +46,136 @@ class Profile:
     engine_instructions: dict[str, int]
     instructions: int
     flops: int
+    hw_flops: int
+    mfu: float
+    hfu: float
     hbm_read_bytes: int
     hbm_write_bytes: int
-    mfu: float
+    sbuf_read_bytes: int
+    sbuf_write_bytes: int
+    psum_read_bytes: int
+    psum_write_bytes: int
+    spill_bytes: int
+    dma_bytes: int
+    dma_efficiency: float
+    throttled_ns: float
+    roofline_ns: float
 
     @property
     def hbm_bytes(self) -> int:
         return self.hbm_read_bytes + self.hbm_write_bytes
+
+    @property
+    def roofline_fraction(self) -> float:
+        """How close the simulated time comes to the roofline bound (1.0 = at the bound)."""
+        return self.roofline_ns / self.device_ns if self.device_ns else 1.0
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "hbm_bytes": self.hbm_bytes}
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Per instruction: start and end in ns, and the track it ran on (engine or DMA queue)."""
+
+    start: list[float]
+    end: list[float]
+    track: list[str]
+
+
+class _Timeline:
+    """Busy intervals of one DMA engine, kept sorted and merged; `place` finds the earliest
+    idle gap at or after a time that fits a duration."""
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+
+    def place(self, t0: float, dur: float) -> float:
+        starts, ends = self.starts, self.ends
+        i = bisect.bisect_right(ends, t0)
+        t = t0
+        while i < len(starts) and starts[i] < t + dur:
+            t = max(t, ends[i])
+            i += 1
+        end = t + dur
+        if i > 0 and ends[i - 1] >= t:  # touches the interval before: extend it
+            ends[i - 1] = end
+            i -= 1
+        else:
+            starts.insert(i, t)
+            ends.insert(i, end)
+        if i + 1 < len(starts) and starts[i + 1] <= end:  # touches the next one: merge
+            ends[i] = max(end, ends[i + 1])
+            del starts[i + 1], ends[i + 1]
+        return t
+
+
+class _Scheduler:
+    def __init__(self, t: Target) -> None:
+        self.t = t
+        self.free_at: dict[str, float] = defaultdict(float)
+        self.dma_engines = [_Timeline() for _ in range(t.dma_engines)]
+        self.next_engine = 0
+        self.pe_warm_ns = 0.0
+        self.throttled_ns = 0.0
+        self.dma_engine_ns = 0.0
+
+    def compute(self, ins: isa.Instr, ready: float) -> tuple[float, float]:
+        dur = costs.instr_ns(ins, self.t)
+        start = max(self.free_at[ins.engine], ready)
+        if ins.engine == "pe":
+            dur = self._throttle(start, dur)
+        self.free_at[ins.engine] = start + dur
+        return start, start + dur
+
+    def _throttle(self, start: float, dur: float) -> float:
+        """TensorE warm-up: rate ramps from pe_throttle_start to 1 over the ramp's busy time;
+        an idle gap of half the window (utilisation below 50%) brings the limit back."""
+        t = self.t
+        if t.pe_throttle_start >= 1.0:
+            return dur
+        if start - self.free_at["pe"] > t.pe_throttle_ramp_ns / 2:
+            self.pe_warm_ns = 0.0
+        warm = min(1.0, self.pe_warm_ns / t.pe_throttle_ramp_ns)
+        rate = t.pe_throttle_start + (1.0 - t.pe_throttle_start) * warm
+        slowed = dur / rate
+        self.pe_warm_ns += slowed
+        self.throttled_ns += slowed - dur
+        return slowed
+
+    def dma(self, ins: isa.Instr, ready: float) -> tuple[float, float]:
+        work = costs.dma_work(ins, self.t)
+        t0 = max(self.free_at[ins.engine], ready)
+        engines = min(len(self.dma_engines), work.descriptors)
+        if engines == 0:
+            return t0, t0
+        base, extra = divmod(work.descriptors, engines)
+        start, end = float("inf"), t0
+        for k in range(engines):
+            timeline = self.dma_engines[(self.next_engine + k) % len(self.dma_engines)]
+            dur = work.engine_ns(base + (k < extra), self.t)
+            s = timeline.place(t0, dur)
+            start, end = min(start, s), max(end, s + dur)
+            self.dma_engine_ns += dur
+        self.next_engine = (self.next_engine + engines) % len(self.dma_engines)
+        self.free_at[ins.engine] = end
+        return start, end
+
+
+def _is_dma(ins: isa.Instr) -> bool:
+    return isinstance(ins, (isa.Dma, isa.DmaGather, isa.DmaScatter))
+
+
+def schedule(exe: Executable, t: Target) -> tuple[Schedule, _Scheduler]:
+    n = len(exe.instructions)
+    start, end = [0.0] * n, [0.0] * n
+    sched = _Scheduler(t)
+    for i, ins in enumerate(exe.instructions):
+        ready = max((end[d] + t.semaphore_ns for d in ins.deps), default=0.0)
+        place = sched.dma if _is_dma(ins) else sched.compute
+        start[i], end[i] = place(ins, ready)
+    return Schedule(start, end, [ins.engine for ins in exe.instructions]), sched
 
 
 def _hbm_bytes(ins: isa.Instr) -> tuple[int, int]:
@@ -45,35 +189,119 @@ def _hbm_bytes(ins: isa.Instr) -> tuple[int, int]:
     return read, write
 
 
+def _tile_bytes(refs, mem: str) -> int:
+    return sum(
+        r.numel * r.dtype.itemsize for r in refs if isinstance(r, isa.TileRef) and r.mem == mem
+    )
+
+
+def roofline_ns(exe: Executable, t: Target) -> float:
+    """max(FLOPs / peak, unavoidable HBM bytes / bandwidth) for this executable's work:
+    its matmul FLOPs at the peak of their dtype, its inputs read and outputs written once."""
+    compute = sum(
+        costs.matmul_flops(ins) / t.peak_flops_per_ns(ins.moving.dtype)
+        for ins in exe.instructions
+        if isinstance(ins, isa.Matmul)
+    )
+    io = sum(b.nbytes for b in exe.buffers if b.kind in ("input", "output"))
+    return max(compute, io / t.hbm_gbps)
+
+
 def time_executable(exe: Executable, t: Target) -> Profile:
-    n = len(exe.instructions)
-    end = [0.0] * n
-    free_at: dict[str, float] = defaultdict(float)
+    sched, state = schedule(exe, t)
     busy: dict[str, float] = defaultdict(float)
     counts: Counter[str] = Counter()
-    flops = read = write = 0
+    kinds = {b.name: b.kind for b in exe.buffers}
+    flops = hw_flops = read = write = spill = dma_payload = 0
+    sbuf_r = sbuf_w = psum_r = psum_w = 0
+    peak_ns = 0.0
     for i, ins in enumerate(exe.instructions):
-        dur = costs.instr_ns(ins, t)
-        ready = max((end[d] + t.semaphore_ns for d in ins.deps), default=0.0)
-        start = max(free_at[ins.engine], ready)
-        end[i] = start + dur
-        free_at[ins.engine] = end[i]
-        busy[ins.engine] += dur
+        busy[ins.engine] += sched.end[i] - sched.start[i]
         counts[ins.engine] += 1
-        flops += costs.matmul_flops(ins)
+        if isinstance(ins, isa.Matmul):
+            flops += costs.matmul_flops(ins)
+            hw_flops += costs.matmul_hw_flops(ins, t)
+            peak_ns += costs.matmul_flops(ins) / t.peak_flops_per_ns(ins.moving.dtype)
         r, w = _hbm_bytes(ins)
         read, write = read + r, write + w
-    total = max(end, default=0.0)
-    peak_flops_per_ns = 2 * t.pe_rows * t.pe_stationary_fmax * t.tensor_ghz
-    mfu = flops / (peak_flops_per_ns * total) if total else 0.0
+        if _is_dma(ins):
+            dma_payload += costs.dma_work(ins, t).payload
+        for ref in (*ins.reads(), *ins.writes()):
+            if isinstance(ref, isa.DramRef) and kinds.get(ref.buffer) == "temp":
+                spill += ref.nbytes
+        sbuf_r += _tile_bytes(ins.reads(), "sbuf")
+        sbuf_w += _tile_bytes(ins.writes(), "sbuf")
+        psum_r += _tile_bytes(ins.reads(), "psum")
+        psum_w += _tile_bytes(ins.writes(), "psum")
+    total = max(sched.end, default=0.0)
+    # Utilisation against the peak of the dtypes actually multiplied (fp32 runs at 1/4).
+    dtype_peak = flops / peak_ns if peak_ns else t.peak_flops_per_ns(DType.BF16)
+    ideal_dma_ns = dma_payload / (t.dma_gbps / t.dma_engines)
     return Profile(
         target=t.name,
         device_ns=total,
         engine_busy_ns=dict(busy),
         engine_instructions=dict(counts),
-        instructions=n,
+        instructions=len(exe.instructions),
         flops=flops,
+        hw_flops=hw_flops,
+        mfu=flops / (dtype_peak * total) if total else 0.0,
+        hfu=hw_flops / (dtype_peak * total) if total else 0.0,
         hbm_read_bytes=read,
         hbm_write_bytes=write,
-        mfu=mfu,
+        sbuf_read_bytes=sbuf_r,
+        sbuf_write_bytes=sbuf_w,
+        psum_read_bytes=psum_r,
+        psum_write_bytes=psum_w,
+        spill_bytes=spill,
+        dma_bytes=dma_payload,
+        dma_efficiency=ideal_dma_ns / state.dma_engine_ns if state.dma_engine_ns else 1.0,
+        throttled_ns=state.throttled_ns,
+        roofline_ns=roofline_ns(exe, t),
     )
+
+
+_TRACK_NAMES = {"pe": "TensorE", "act": "ScalarE", "dve": "VectorE", "pool": "GpSimdE"}
+
+
+def trace_events(exe: Executable, t: Target, pid: int = 0) -> dict:
+    """The schedule in Chrome trace-event format (Perfetto, chrome://tracing): one track per
+    engine and DMA queue, one slice per instruction, times in microseconds; the executable is
+    process `pid`, so several can share a file."""
+    sched, _ = schedule(exe, t)
+    tracks = sorted(set(sched.track), key=lambda e: (e not in _TRACK_NAMES, len(e), e))
+    tid = {name: k for k, name in enumerate(tracks)}
+    kernel_of = {}
+    for k in exe.kernels:
+        for i in range(k.start, k.stop):
+            kernel_of[i] = k.name
+    events: list[dict] = [
+        {"name": "process_name", "ph": "M", "pid": pid, "args": {"name": f"{exe.name} on {t.name}"}}
+    ]
+    for name, k in tid.items():
+        label = _TRACK_NAMES.get(name, f"DMA queue {name}")
+        for meta, arg in (
+            ("thread_name", {"name": label}),
+            ("thread_sort_index", {"sort_index": k}),
+        ):
+            events.append({"name": meta, "ph": "M", "pid": pid, "tid": k, "args": arg})
+    for i, ins in enumerate(exe.instructions):
+        events.append(
+            {
+                "name": ins.opcode,
+                "cat": kernel_of.get(i, ""),
+                "ph": "X",
+                "pid": pid,
+                "tid": tid[ins.engine],
+                "ts": sched.start[i] / 1e3,
+                "dur": (sched.end[i] - sched.start[i]) / 1e3,
+                "args": {"id": i, "kernel": kernel_of.get(i, ""), "deps": list(ins.deps)},
+            }
+        )
+    return {"traceEvents": events, "displayTimeUnit": "ns"}
+
+
+def write_trace(path: str | Path, exe: Executable, t: Target) -> Path:
+    path = Path(path)
+    path.write_text(json.dumps(trace_events(exe, t)))
+    return path

@@ -1,5 +1,4 @@
-"""The simulator as a verifier: races, bounds and capacities are errors; timing follows the
-cost formulas and overlaps independent engines."""
+"""The simulator as a verifier: races, bounds and capacities are errors (timing: test_timing.py)."""
 
 import numpy as np
 import pytest
@@ -7,11 +6,10 @@ import pytest
 from neuroncc.codegen import isa
 from neuroncc.codegen.builder import ProgramBuilder
 from neuroncc.codegen.program import Executable, ValueLoc
-from neuroncc.codegen.targets import TRN1, TRN2
+from neuroncc.codegen.targets import TRN2
 from neuroncc.errors import CodegenError, RaceError, SimulationError
 from neuroncc.ir.types import DType
 from neuroncc.runtime.simulator import run
-from neuroncc.runtime.timing import time_executable
 
 F32 = DType.F32
 
@@ -136,44 +134,3 @@ def test_capacity_errors_name_the_sizes():
         CodegenError, match=r"tensors do not fit in HBM: 32.00 GiB needed .* trn2 has 24 GiB"
     ):
         pb.dram("huge", (8, 2**30), F32)
-
-
-def _dma_program(nbytes, chained, queues=("q0",)):
-    pb = ProgramBuilder(TRN2)
-    n = nbytes // 4
-    pb.dram("a", (n,), F32, "input")
-    pool = pb.sbuf_pool(n // 128 * 4, bufs=4)
-    for q in queues:
-        tile = pool.tile(128, (n // 128,), F32)
-        pb.dma(tile, isa.DramRef("a", 0, F32, ((n // 128, 128), (1, n // 128))), queue=q)
-        if chained:
-            pb.dma(isa.DramRef("a", 0, F32, ((n // 128, 128), (1, n // 128))), tile, queue=q)
-    return pb.finish([ValueLoc("a", (n,), F32)], [])
-
-
-def test_dma_32kib_on_one_trn2_engine_takes_about_1416ns():
-    prof = time_executable(_dma_program(32 * 1024, False), TRN2)
-    assert prof.device_ns == pytest.approx(1416, rel=0.15)
-
-
-def test_independent_queues_overlap_and_dependent_work_serialises():
-    one = time_executable(_dma_program(32 * 1024, False, ("q0",)), TRN2).device_ns
-    four = time_executable(_dma_program(32 * 1024, False, ("q0", "q1", "q2", "q3")), TRN2).device_ns
-    assert four == pytest.approx(one)
-    chain = time_executable(_dma_program(32 * 1024, True, ("q0",)), TRN2).device_ns
-    assert chain == pytest.approx(2 * one)
-
-
-def test_strided_dma_costs_more_than_contiguous():
-    pb = ProgramBuilder(TRN1)
-    pb.dram("a", (128, 128), F32, "input")
-    pool = pb.sbuf_pool(512, bufs=2)
-    pb.dma(
-        pool.tile(128, (128,), F32), isa.DramRef("a", 0, F32, ((128, 128), (1, 128))), queue="q0"
-    )
-    pb.dma(
-        pool.tile(128, (128,), F32), isa.DramRef("a", 0, F32, ((1, 128), (128, 128))), queue="q1"
-    )
-    exe = pb.finish([ValueLoc("a", (128, 128), F32)], [])
-    prof = time_executable(exe, TRN1)
-    assert prof.engine_busy_ns["q1"] > 10 * prof.engine_busy_ns["q0"]
