@@ -29,6 +29,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--trace", help="write the simulated schedule here (Chrome trace JSON)")
     return p.parse_args(argv)
 
 
@@ -52,9 +53,16 @@ def _engine_table(stats: dict, title: str) -> str:
         lanes = 16 if name.startswith("DMA") else 1
         util = busy / (device * lanes) if device else 0.0
         lines.append(f"  {name:<18}{busy * 1e6:>10.1f}{util:>8.1%}")
+    roof = stats["roofline_seconds"]
     lines.append(
-        f"  instructions {stats['instructions']}, HBM traffic {stats['hbm_bytes'] / 1e6:.2f} MB, "
-        f"executables run {stats['executions']}"
+        f"  roofline bound {roof * 1e6:.1f} us (achieved {roof / device if device else 0:.1%}), "
+        f"MFU {stats['mfu']:.2%}, HFU {stats['hfu']:.2%}, TensorE throttled "
+        f"{stats['throttled_seconds'] * 1e6:.1f} us"
+    )
+    lines.append(
+        f"  HBM traffic {stats['hbm_bytes'] / 1e6:.2f} MB (spills {stats['spill_bytes'] / 1e6:.2f}"
+        f" MB), DMA efficiency {stats['dma_efficiency']:.1%}, instructions "
+        f"{stats['instructions']}, executables run {stats['executions']}"
     )
     return "\n".join(lines)
 
@@ -95,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     logits, loss = compiled(idx, targets)
     run_s = time.perf_counter() - start
     fwd = neuroncc.stats()
+    if args.trace:
+        neuroncc.write_trace(args.trace)
 
     neuroncc.reset_stats()
     loss.backward()
@@ -119,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(_engine_table(fwd, "forward"))
     print(_engine_table(bwd, "backward"))
+    if args.trace:
+        print(f"trace of the forward graphs written to {args.trace} (open it in Perfetto)")
     return 0 if ok else 1
 
 

@@ -40,6 +40,9 @@ class CompileOptions(BaseModel):
     fallback: bool = True
     dump_dir: str | None = None
     cache_dir: str | None = None
+    # Time the compiled programs without simulating them; outputs come from PyTorch eager.
+    # For estimating models too big to simulate; every such execution is counted in stats().
+    timing_only: bool = False
 
     @classmethod
     def from_user(
@@ -73,7 +76,7 @@ class CompileOptions(BaseModel):
 
     def cache_key(self) -> str:
         """A digest of every option that can change the compiled executable."""
-        relevant = self.model_dump(exclude={"dump_dir", "cache_dir"})
+        relevant = self.model_dump(exclude={"dump_dir", "cache_dir", "timing_only"})
         return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -39,14 +39,26 @@ from neuroncc.runtime.stats import STATS
 
 
 class GraphRunner:
-    """Runs one compiled ATen graph: binds arguments and constants, returns the FX outputs."""
+    """Runs one compiled ATen graph: binds arguments and constants, returns the FX outputs.
+
+    With `timing_only` the executable is timed but not simulated: the outputs come from the
+    ATen graph run eagerly, and each such execution is counted (stats: timing_only_executions).
+    """
 
     def __init__(
-        self, compiled: CompiledExecutable, sources: list, slots: list[int | None]
+        self,
+        compiled: CompiledExecutable,
+        sources: list,
+        slots: list[int | None],
+        timing_only: torch.fx.GraphModule | None = None,
     ) -> None:
         self.compiled, self.sources, self.slots = compiled, sources, slots
+        self.timing_only = timing_only
 
     def __call__(self, *args: Any) -> list[torch.Tensor | None]:
+        if self.timing_only is not None:
+            self.compiled.record_timing_only()
+            return list(_as_list(self.timing_only(*args)))
         inputs = [self._bind(kind, s, args) for kind, s in self.sources]
         outs = self.compiled.run(inputs)
         return [None if s is None else outs[s] for s in self.slots]
@@ -92,7 +104,9 @@ def compile_region(gm: torch.fx.GraphModule, opts: CompileOptions, name: str) ->
 
     compiled, hit = GRAPH_CACHE.get_or_build(key, build)
     STATS.add("cache_hits_memory" if hit else "compiles")
-    return GraphRunner(compiled, imported.input_sources, imported.output_slots)
+    return GraphRunner(
+        compiled, imported.input_sources, imported.output_slots, gm if opts.timing_only else None
+    )
 
 
 def _compile_or_eager(gm: torch.fx.GraphModule, opts: CompileOptions, name: str) -> Any:
@@ -260,6 +274,12 @@ def neuron_backend(
     if mode not in (None, "default"):
         warnings.warn(
             f"neuroncc ignores torch.compile mode={mode!r} (it has one mode)", stacklevel=2
+        )
+    if opts.timing_only:
+        warnings.warn(
+            "neuroncc timing_only: compiled programs are timed, not simulated; "
+            "outputs come from PyTorch eager",
+            stacklevel=2,
         )
     STATS.add("dynamo_graphs")
     name = f"graph{STATS.snapshot()['dynamo_graphs']}"

@@ -57,6 +57,11 @@ class CompiledExecutable:
         STATS.add_execution(self.exe.name, self.profile, self)
         return [to_torch(o) for o in outs]
 
+    def record_timing_only(self) -> None:
+        """An execution that was timed, not simulated (CompileOptions.timing_only)."""
+        STATS.add("timing_only_executions")
+        STATS.add_execution(self.exe.name, self.profile, self)
+
     def trace_events(self, pid: int = 0) -> dict:
         """This executable's schedule in Chrome trace-event format (see timing.trace_events)."""
         return trace_events(self.exe, self.target, pid)

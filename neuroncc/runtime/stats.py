@@ -16,6 +16,7 @@ _COUNTERS = (
     "cache_hits_memory",
     "cache_hits_disk",
     "executions",
+    "timing_only_executions",
     "instructions",
     "device_seconds",
     "roofline_seconds",

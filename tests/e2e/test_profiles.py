@@ -1,0 +1,67 @@
+"""Profiles of compiled models from Python: per graph, accumulated in stats(), as a trace file,
+and timing-only estimation that skips the numerics."""
+
+import json
+import warnings
+
+import pytest
+import torch
+
+import neuroncc
+from neuroncc.examples import GPTConfig, TinyGPT, example_batch
+
+
+def _model_and_batch():
+    torch.manual_seed(0)
+    cfg = GPTConfig(seq=16, dim=32, layers=1)
+    return TinyGPT(cfg), example_batch(cfg, 2)
+
+
+def test_profiles_per_graph_add_up_to_stats(fresh):
+    model, (idx, targets) = _model_and_batch()
+    compiled = torch.compile(model, backend="neuron")
+    _, loss = compiled(idx, targets)
+    loss.backward()
+    s = neuroncc.stats()
+    profiles = neuroncc.profiles()
+    assert len(profiles) >= 2  # forward and backward
+    assert s["device_seconds"] == pytest.approx(sum(p.device_ns for p in profiles.values()) * 1e-9)
+    assert s["flops"] == sum(p.flops for p in profiles.values()) > 0
+    for p in profiles.values():
+        assert 0 < p.roofline_ns <= p.device_ns
+        assert 0 <= p.mfu <= p.hfu <= 1
+        assert 0 < p.dma_efficiency <= 1
+        assert p.spill_bytes > 0  # one kernel per op: intermediates round-trip through HBM
+    assert 0 < s["mfu"] <= s["hfu"] <= 1
+    assert set(s["graphs"]) == set(profiles)
+
+
+def test_write_trace_opens_as_chrome_trace(fresh, tmp_path):
+    model, (idx, targets) = _model_and_batch()
+    torch.compile(model, backend="neuron")(idx, targets)
+    path = neuroncc.write_trace(str(tmp_path / "trace.json"))
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    slices = [e for e in events if e["ph"] == "X"]
+    assert len(slices) == neuroncc.stats()["instructions"]
+    processes = {e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert len(processes) == len(neuroncc.profiles())
+
+
+def test_timing_only_times_the_same_programs_without_simulating(fresh):
+    model, (idx, targets) = _model_and_batch()
+    simulated = torch.compile(model, backend="neuron")
+    simulated(idx, targets)
+    want = neuroncc.stats()["device_seconds"]
+    neuroncc.reset_stats()
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        timed = torch.compile(model, backend="neuron", options={"timing_only": True})
+        _, eager_loss = timed(idx, targets)
+    assert any("timing_only" in str(w.message) for w in caught)
+    s = neuroncc.stats()
+    assert s["timing_only_executions"] == s["executions"] >= 1
+    assert s["device_seconds"] == pytest.approx(want)
+    with torch.no_grad():
+        assert torch.equal(eager_loss, model(idx, targets)[1])
