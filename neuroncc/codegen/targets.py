@@ -60,6 +60,11 @@ class Target(BaseModel):
     access_overhead_cycles: int = 60  # "starting any SBUF/PSUM access costs ~60 cycles"
     min_ii_cycles: int = 64  # MIN_II
     gpsimd_startup_cycles: int = 150  # every GpSimdE instruction
+    # An instruction reading what the previous one on its engine wrote cannot overlap it: the
+    # docs give ~100 cycles for dependent or tiny instructions and measured one dependent
+    # 1-element ScalarE instruction per 264 cycles on NC-v2 (perf guide Opt #5a): 60 access +
+    # 64 MIN_II + 140 drain.
+    dependent_drain_cycles: int = 140
     semaphore_ns: float = 0.0  # cross-engine wait latency beyond the producer's finish
 
     def peak_flops_per_ns(self, dtype: DType) -> float:

@@ -2,8 +2,9 @@
 
 - Compute engines (pe, act, dve, pool) execute their streams in order. An instruction starts
   when its engine is free and every instruction it waits on (`deps`) has finished; its
-  duration comes from codegen/costs.py. TensorE runs throttled after an idle spell on targets
-  that throttle (targets.py).
+  duration comes from codegen/costs.py, plus a pipeline drain when it reads what the previous
+  instruction on its engine wrote. TensorE runs throttled after an idle spell on targets that
+  throttle (targets.py).
 - A DMA is issued on a queue (q0..q15); each queue runs in order. Its descriptors fan out over
   the DMA engines, which all queues share: on each engine its share goes into the earliest idle
   gap, so an independent transfer on another queue is never stuck behind a waiting one. The
@@ -120,9 +121,13 @@ class _Scheduler:
         self.pe_warm_ns = 0.0
         self.throttled_ns = 0.0
         self.dma_engine_ns = 0.0
+        self.last_writes: dict[str, tuple] = {}
 
     def compute(self, ins: isa.Instr, ready: float) -> tuple[float, float]:
         dur = costs.instr_ns(ins, self.t)
+        if ins.engine != "pe" and _reads_any(ins, self.last_writes.get(ins.engine, ())):
+            dur += self.t.dependent_drain_cycles / costs.engine_ghz(ins.engine, self.t)
+        self.last_writes[ins.engine] = ins.writes()
         start = max(self.free_at[ins.engine], ready)
         if ins.engine == "pe":
             dur = self._throttle(start, dur)
@@ -161,6 +166,24 @@ class _Scheduler:
         self.next_engine = (self.next_engine + engines) % len(self.dma_engines)
         self.free_at[ins.engine] = end
         return start, end
+
+
+def _reads_any(ins: isa.Instr, written: tuple) -> bool:
+    """Does ins read on-chip memory that one of `written` (tiles) covers?"""
+    for r in ins.reads():
+        if not isinstance(r, isa.TileRef):
+            continue
+        for w in written:
+            if (
+                isinstance(w, isa.TileRef)
+                and w.mem == r.mem
+                and r.p0 < w.p0 + w.np
+                and w.p0 < r.p0 + r.np
+                and r.offset < w.offset + w.free_bytes
+                and w.offset < r.offset + r.free_bytes
+            ):
+                return True
+    return False
 
 
 def _is_dma(ins: isa.Instr) -> bool:

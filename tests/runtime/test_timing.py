@@ -54,6 +54,15 @@ def test_dma_32kib_on_one_trn2_engine_takes_about_1416ns():
     assert time_executable(kb.finish(), TRN2).device_ns == pytest.approx(1416, rel=0.15)
 
 
+def test_dependent_tiny_scalar_instructions_run_one_per_189ns_on_trn1():
+    # nki_perf_guide Opt #5a: back-to-back dependent 1-element ScalarE instructions.
+    kb = KernelBuilder("trn1")
+    x = kb.sbuf((1, 1), F32)
+    for _ in range(100):
+        kb.activation(x, x, "exp")
+    assert time_executable(kb.finish(), TRN1).device_ns / 100 == pytest.approx(189, rel=0.15)
+
+
 def test_small_rows_are_overhead_bound():
     def efficiency(row_bytes):
         return (row_bytes / TRN1.dma_engine_gbps) / costs.dma_ns(row_bytes, row_bytes, TRN1)
