@@ -20,11 +20,12 @@ def graphs(draw, max_nodes: int = 8):
     shape = draw(shapes)
     b = GraphBuilder("g")
     vals = [b.input(TensorType(shape, DType.F32)) for _ in range(draw(st.integers(1, 3)))]
+    col_shape = (1,) * (len(shape) - 1) + shape[-1:]
+    cols = [b.input(TensorType(col_shape, DType.F32))] if draw(st.booleans()) else []
+    choices = ["unary", "binary", "where", "transpose", "reduce", "rowop", "full", "cast"]
     for _ in range(draw(st.integers(1, max_nodes))):
         same = [v for v in vals if v.type.shape == shape and v.type.dtype == DType.F32]
-        choice = draw(
-            st.sampled_from(["unary", "binary", "where", "transpose", "reduce", "full", "cast"])
-        )
+        choice = draw(st.sampled_from(choices + (["col"] if cols else [])))
         x = draw(st.sampled_from(same))
         if choice == "unary":
             vals.append(b.op(draw(st.sampled_from(FLOAT_UNARY)), x))
@@ -41,6 +42,15 @@ def graphs(draw, max_nodes: int = 8):
             op = draw(st.sampled_from([Op.REDUCE_SUM, Op.REDUCE_MAX, Op.REDUCE_MIN]))
             r = b.op(op, x, axes=[len(shape) - 1], keepdim=True)
             vals.append(b.op(Op.BROADCAST, r, shape=shape))
+        elif choice == "rowop":  # work on one value per row, then spread it back
+            op = draw(st.sampled_from([Op.REDUCE_SUM, Op.REDUCE_MAX]))
+            r = b.op(op, x, axes=[len(shape) - 1], keepdim=False)
+            r = b.op(draw(st.sampled_from([Op.EXP, Op.TANH, Op.NEG])), r)
+            r = b.op(Op.RESHAPE, r, shape=shape[:-1] + (1,))
+            vals.append(b.op(Op.BROADCAST, r, shape=shape))
+        elif choice == "col":  # a per-column vector, as a bias or a norm weight
+            c = b.op(Op.BROADCAST, cols[0], shape=shape)
+            vals.append(b.op(draw(st.sampled_from(BINARY_ARITH)), x, c))
         elif choice == "full":
             value = draw(st.floats(-4, 4, allow_nan=False, width=32))
             vals.append(b.op(Op.FULL, shape=shape, value=value, dtype=DType.F32))

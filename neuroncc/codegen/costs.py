@@ -109,16 +109,18 @@ def _cycles(ins: isa.Instr, t: Target) -> float:
         speed = t.scalar_lowp_speedup if lowp else 1.0
         return t.access_overhead_cycles + max(t.min_ii_cycles, ins.src.free_elems / speed)
     if isinstance(ins, isa.TensorTensor):
-        # max(64, 2N), or max(64, N) when both inputs are bf16 (section 1c).
+        # max(64, 2N), or max(64, N) when both inputs are bf16 or one is in PSUM (section 1c);
+        # a per-partition scalar operand streams like tensor_scalar, max(64, N).
         lowp = ins.a.dtype in _LOW_PRECISION and ins.b.dtype in _LOW_PRECISION
-        per_elem = 1.0 if lowp or "psum" in (ins.a.mem, ins.b.mem) else 2.0
-        return _vector_cycles(ins.a.free_elems, per_elem, t, lowp)
+        scalar = ins.dst.free_elems not in (1,) and 1 in (ins.a.free_elems, ins.b.free_elems)
+        per_elem = 1.0 if lowp or scalar or "psum" in (ins.a.mem, ins.b.mem) else 2.0
+        return _vector_cycles(ins.dst.free_elems, per_elem, t, lowp)
     if isinstance(ins, isa.TensorReduce):
         lowp = ins.src.dtype in _LOW_PRECISION and ins.op in ("sum", "max")
         return _vector_cycles(ins.src.free_elems, 0.5 if lowp else 1.0, t, False)
     if isinstance(ins, (isa.TensorScalar, isa.TensorCopy, isa.Select)):
         src = ins.src if not isinstance(ins, isa.Select) else ins.a
-        return _vector_cycles(src.free_elems, 1.0, t, src.dtype in _LOW_PRECISION)
+        return _vector_cycles(ins.dst.free_elems, 1.0, t, src.dtype in _LOW_PRECISION)
     if isinstance(ins, isa.Memset):
         per_elem = 0.5 if ins.dst.dtype in _LOW_PRECISION and ins.value == 0 else 1.0
         return _vector_cycles(ins.dst.free_elems, per_elem, t, False)

@@ -1,9 +1,10 @@
-"""IR graph -> Executable: runs the emitter of every node, one kernel each."""
+"""IR graph -> Executable: one kernel per fused group (emit_fused) or per remaining node."""
 
 from __future__ import annotations
 
 from neuroncc.codegen import emit_tensor  # noqa: F401  (registers matmul, reduce, movement)
 from neuroncc.codegen.emit import EMITTERS, EmitCtx
+from neuroncc.codegen.emit_fused import emit_fused
 from neuroncc.codegen.program import Executable
 from neuroncc.codegen.targets import Target
 from neuroncc.errors import CodegenError
@@ -13,12 +14,24 @@ from neuroncc.ir.printer import format_node
 
 def emit_graph(g: Graph, target: Target) -> Executable:
     ctx = EmitCtx(g, target)
-    for n in g.nodes:
+    kernel_of = g.kernel_of()
+    nodes = list(g.nodes)
+    i = 0
+    while i < len(nodes):
+        n = nodes[i]
+        k = kernel_of.get(n.out.id)
+        if k is not None:
+            group = nodes[i : i + len(g.kernels[k])]
+            with ctx.b.kernel(f"fused.{n.out.id}-{group[-1].out.id}"):
+                emit_fused(ctx, group)
+            i += len(group)
+            continue
         with ctx.b.kernel(f"{n.op.value}.{n.out.id}"):
             try:
                 EMITTERS[n.op](ctx, n)
             except CodegenError as e:
                 raise type(e)(f"emitting {format_node(n)}: {e}") from None
+        i += 1
     inputs = [ctx.loc[v.id] for v in g.inputs]
     outputs = [ctx.loc[v.id] for v in g.outputs]
     return ctx.b.finish(inputs, outputs)

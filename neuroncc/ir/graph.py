@@ -4,7 +4,10 @@ Invariants:
 - every Value is defined once: by a graph input or by exactly one Node (`node.out`);
 - nodes are in a topological order: a node only uses values defined before it;
 - a node's `out.type` is what its op's shape rule gives for its inputs and attributes;
-- attributes are stored in the op table's schema order, normalised to hashable Python values.
+- attributes are stored in the op table's schema order, normalised to hashable Python values;
+- `kernels` (set by the fuse pass) groups nodes into fused kernels: each group lists the output
+  ids of consecutive nodes, groups are disjoint. Grouping never changes what the graph computes,
+  only how codegen emits it: one kernel per group, its internal values kept on chip.
 
 Graphs are never edited in place: passes build new graphs with a GraphBuilder.
 """
@@ -54,6 +57,11 @@ class Graph:
     inputs: tuple[Value, ...]
     nodes: tuple[Node, ...]
     outputs: tuple[Value, ...]
+    kernels: tuple[tuple[int, ...], ...] = ()
+
+    def kernel_of(self) -> dict[int, int]:
+        """Node output id -> index of its fused kernel (nodes in no kernel are absent)."""
+        return {vid: k for k, ids in enumerate(self.kernels) for vid in ids}
 
     def producers(self) -> dict[int, Node]:
         return {n.out.id: n for n in self.nodes}

@@ -83,8 +83,20 @@ def parse(text: str) -> Graph:
         v = Value(int(vid.strip().lstrip("%")), parse_type(ty))
         env[v.id] = v
         inputs.append(v)
-    nodes, outputs = [], None
+    nodes, outputs, kernels = [], None, []
+    group: list[int] | None = None
     for lineno, line in enumerate(lines[1:], start=2):
+        if line == "fuse {":
+            if group is not None:
+                raise ParseError(f"line {lineno}: fuse blocks do not nest")
+            group = []
+            continue
+        if line == "}" and group is not None:
+            if not group:
+                raise ParseError(f"line {lineno}: empty fuse block")
+            kernels.append(tuple(group))
+            group = None
+            continue
         if line == "}":
             break
         if line.startswith("return"):
@@ -92,9 +104,13 @@ def parse(text: str) -> Graph:
             outputs = [_lookup(env, n, lineno) for n in names if n.strip()]
             continue
         nodes.append(_parse_node(line, env, lineno))
+        if group is not None:
+            group.append(nodes[-1].out.id)
+    if group is not None:
+        raise ParseError("a fuse block is not closed")
     if outputs is None:
         raise ParseError("graph has no return line")
-    return Graph(m.group(1), tuple(inputs), tuple(nodes), tuple(outputs))
+    return Graph(m.group(1), tuple(inputs), tuple(nodes), tuple(outputs), tuple(kernels))
 
 
 def _lookup(env: dict[int, Value], name: str, lineno: int) -> Value:

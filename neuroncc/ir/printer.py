@@ -6,6 +6,8 @@
       return %3
     }
 
+Nodes the fuse pass grouped into one kernel are printed inside a `fuse {` ... `}` block.
+
 The text is canonical: equal graphs print equally, so it also serves as the cache key and the
 golden-file format. `parser.parse` reads it back: parse(print_graph(g)) == g.
 """
@@ -40,7 +42,18 @@ def format_node(n: Node) -> str:
 def print_graph(g: Graph) -> str:
     params = ", ".join(f"{v}: {v.type}" for v in g.inputs)
     lines = [f"graph @{g.name}({params}) {{"]
-    lines += [f"  {format_node(n)}" for n in g.nodes]
+    kernel_of = g.kernel_of()
+    current = None
+    for n in g.nodes:
+        k = kernel_of.get(n.out.id)
+        if k != current and current is not None:
+            lines.append("  }")
+        if k != current and k is not None:
+            lines.append("  fuse {")
+        current = k
+        lines.append(("    " if k is not None else "  ") + format_node(n))
+    if current is not None:
+        lines.append("  }")
     lines.append("  return " + ", ".join(str(v) for v in g.outputs))
     lines.append("}")
     return "\n".join(lines) + "\n"

@@ -1,7 +1,8 @@
 """The verifier: checks a Graph's invariants (see graph.py) and explains any breach.
 
 Checked: every value defined once and before use; arity; the attribute schema; every node's
-recorded type equals its shape rule's result; outputs are defined. An error names the node and
+recorded type equals its shape rule's result; outputs are defined; fused kernels are disjoint
+runs of consecutive nodes. An error names the node and
 prints the lines of the graph around it, so it can be read without a debugger.
 """
 
@@ -66,4 +67,20 @@ def verify(g: Graph) -> Graph:
     for v in g.outputs:
         if v.id not in defined:
             raise VerifyError(f"verify: output {v} is not defined", g, None)
+    _check_kernels(g)
     return g
+
+
+def _check_kernels(g: Graph) -> None:
+    """Fused kernels: disjoint groups of consecutive nodes."""
+    position = {n.out.id: i for i, n in enumerate(g.nodes)}
+    seen: set[int] = set()
+    for k, ids in enumerate(g.kernels):
+        where = [position.get(vid) for vid in ids]
+        if not ids or None in where:
+            raise VerifyError(f"verify: fused kernel {k} names values that are not nodes", g, None)
+        if where != list(range(where[0], where[0] + len(ids))):
+            raise VerifyError(f"verify: fused kernel {k} is not consecutive nodes", g, where[0])
+        if seen & set(ids):
+            raise VerifyError(f"verify: fused kernel {k} overlaps another", g, where[0])
+        seen |= set(ids)

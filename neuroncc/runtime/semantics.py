@@ -121,10 +121,27 @@ def _promote(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return a, b
 
 
+def _operands_fit(ins: isa.Instr, dst: isa.TileRef, *srcs: isa.TileRef) -> None:
+    """Sources have dst's shape, or are [p, 1]: a per-partition scalar applied to every
+    element of the partition (tensor_tensor / select read it as tensor_scalar does)."""
+    for s in srcs:
+        if s.shape != dst.shape and s.shape != (dst.np, 1):
+            raise SimulationError(
+                f"{ins.opcode}: operand {s.shape} is neither {dst.shape} nor a per-partition "
+                f"scalar [{dst.np}, 1]"
+            )
+
+
+def _operand(m: Memories, ref: isa.TileRef, dst: isa.TileRef) -> np.ndarray:
+    x = m.tile(ref)
+    return x.reshape(dst.np, 1) if ref.shape != dst.shape else x.reshape(dst.np, -1)
+
+
 def run_tensor_tensor(m: Memories, ins: isa.TensorTensor, t: Target) -> None:
-    _same_shape(ins, ins.dst, ins.a, ins.b)
-    a, b = _promote(m.tile(ins.a), m.tile(ins.b))
-    _store(m.tile(ins.dst), _binary(ins.op, a, b))
+    _operands_fit(ins, ins.dst, ins.a, ins.b)
+    a, b = _promote(_operand(m, ins.a, ins.dst), _operand(m, ins.b, ins.dst))
+    out = _binary(ins.op, a, b)
+    _store(m.tile(ins.dst), np.broadcast_to(out, (ins.dst.np, ins.dst.free_elems)))
 
 
 def run_tensor_scalar(m: Memories, ins: isa.TensorScalar, t: Target) -> None:
@@ -152,9 +169,10 @@ def run_tensor_copy(m: Memories, ins: isa.TensorCopy, t: Target) -> None:
 
 
 def run_select(m: Memories, ins: isa.Select, t: Target) -> None:
-    _same_shape(ins, ins.dst, ins.pred, ins.a, ins.b)
-    pred = m.tile(ins.pred).astype(np.bool_)
-    _store(m.tile(ins.dst), np.where(pred, m.tile(ins.a), m.tile(ins.b)))
+    _operands_fit(ins, ins.dst, ins.pred, ins.a, ins.b)
+    pred = _operand(m, ins.pred, ins.dst).astype(np.bool_)
+    a, b = _operand(m, ins.a, ins.dst), _operand(m, ins.b, ins.dst)
+    _store(m.tile(ins.dst), np.broadcast_to(np.where(pred, a, b), (ins.dst.np, ins.dst.free_elems)))
 
 
 def run_memset(m: Memories, ins: isa.Memset, t: Target) -> None:

@@ -248,7 +248,14 @@ def test_dump_dir_writes_every_stage(fresh, tmp_path):
     f(torch.randn(4, 4))
     (folder,) = tmp_path.iterdir()
     names = sorted(p.name for p in folder.iterdir())
-    assert names == ["00-fx.txt", "01-nir.txt", "02-simplify.txt", "03-program.txt", "program.json"]
+    assert names == [
+        "00-fx.txt",
+        "01-nir.txt",
+        "02-simplify.txt",
+        "03-fuse.txt",
+        "04-program.txt",
+        "program.json",
+    ]
     assert "gelu" in (folder / "01-nir.txt").read_text()
     exe = Executable.from_json((folder / "program.json").read_text())
     assert exe.target == "trn2" and json.loads(exe.to_json())["version"] == 1

@@ -1,0 +1,368 @@
+"""Fused row kernels: a group of elementwise ops, broadcasts and trailing reductions emitted as
+one kernel whose intermediates stay in SBUF.
+
+Note [row space]: every value of a group is seen against one full shape F whose k trailing axes
+are a row (C = their product elements) and whose leading axes count the rows (R). A value is
+- full: shape F, an [R, C] tile stream, rows on partitions;
+- row: shape F[:-k] + (1,)*k or F[:-k], one element per row ([R, 1] tiles);
+- col: shape (1,)*(rank-k) + F[-k:], the same row for every row (loaded once, partition stride
+  0), only as the input of a broadcast (whose result reads that tile: "bcast_col");
+- scalar: one element, only as the input of a broadcast.
+A broadcast of a row or scalar value to full costs nothing: its users read the [p, 1] tile,
+which VectorE applies to every element of the row (the per-partition scalar operand of
+tensor_tensor / select). Reductions over the trailing k axes turn a full value into a row value.
+The kernel walks the rows 128 at a time; a whole row must fit in SBUF, which `plan` checks
+against the target (the fuse pass only forms groups that fit). Groups without any row
+structure (only same-shape elementwise ops) are laid out as `row_view` of their element count
+and walked in column chunks, like the unfused elementwise kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from neuroncc.codegen import isa
+from neuroncc.codegen.emit import EmitCtx, P, _compute_instr, rect, row_view
+from neuroncc.codegen.targets import Target
+from neuroncc.ir.graph import Node, Value
+from neuroncc.ir.ops import Kind, Op
+from neuroncc.ir.types import DType
+
+_ELEMENTWISE = (Kind.UNARY, Kind.BINARY, Kind.COMPARE, Kind.SELECT, Kind.CAST)
+_REDUCE = {Op.REDUCE_SUM: "sum", Op.REDUCE_MAX: "max", Op.REDUCE_MIN: "min"}
+_BROADCAST_READERS = (Kind.BINARY, Kind.COMPARE, Kind.SELECT)
+# Share of an SBUF partition a fused kernel may take (the rest: other kernels' pools).
+SBUF_SHARE = 0.75
+COLUMN_CHUNK_BYTES = 8192  # free bytes per tile of a group without row structure
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """How a group is laid out: rows R of C elements, and each value's class."""
+
+    full: tuple[int, ...]
+    k: int
+    rows: int
+    cols: int
+    kind: dict  # value id -> "full" | "row" | "col" | "scalar" | "bcast"
+    flat: bool  # no row structure: laid out as row_view(numel), walked in column chunks
+
+
+def _classify(shape: tuple[int, ...], full: tuple[int, ...], k: int) -> str | None:
+    lead = full[: len(full) - k]
+    if shape == full:
+        return "full"
+    if shape in (lead + (1,) * k, lead):
+        return "row"
+    if len(shape) == len(full) and shape == (1,) * len(lead) + full[len(lead) :]:
+        return "col"
+    if math.prod(shape) == 1:
+        return "scalar"
+    return None
+
+
+def _signature(n: Node) -> tuple[tuple[int, ...], int] | None:
+    """The (full shape, k) a group starting at n would take."""
+    if n.op in _REDUCE:
+        shape = n.inputs[0].type.shape
+        return shape, len(n.attr("axes"))
+    shape = n.out.type.shape
+    return (shape, 1) if shape else None
+
+
+def fusible(n: Node) -> bool:
+    return n.op.info.kind in _ELEMENTWISE or n.op in _REDUCE or n.op in _LAYOUT_FREE
+
+
+# Inside a group these move no data: a reshape between shapes of the same class is the same
+# elements per row, and a constant is one memset tile shared by every row step.
+_LAYOUT_FREE = (Op.BROADCAST, Op.RESHAPE, Op.FULL)
+# What each class can stand in for when an op checks its operands.
+_AS = {
+    "full": "full",
+    "const_full": "full",
+    "bcast_col": "full",
+    "row": "row",
+    "const_row": "row",
+}
+
+
+def plan(nodes: Sequence[Node], target: Target) -> RowPlan | None:
+    """The row plan of a candidate group, or None if codegen cannot emit it as one kernel."""
+    if not nodes or not all(fusible(n) for n in nodes):
+        return None
+    sig = _signature(nodes[0])
+    if sig is None:
+        return None
+    full, k = sig
+    kind: dict = {}
+    defined = {n.out.id for n in nodes}
+
+    def cls(v: Value) -> str | None:
+        if v.id in kind:
+            return kind[v.id]
+        c = _classify(v.type.shape, full, k)
+        if c in ("col", "scalar") and v.id in defined:
+            return None  # computed cols/scalars would need their own layout
+        kind[v.id] = c
+        return c
+
+    for n in nodes:
+        if n.op == Op.FULL:
+            c = _classify(n.out.type.shape, full, k)
+            if c not in ("full", "row"):
+                return None
+            kind[n.out.id] = "const_" + c
+            continue
+        if n.op == Op.RESHAPE:
+            # Same elements in the same order: the input takes the output's class.
+            c = _classify(n.out.type.shape, full, k)
+            have = kind.get(n.inputs[0].id)
+            if c not in ("row", "col") or (have is not None and have != c):
+                return None
+            if have is None and n.inputs[0].id in defined:
+                return None
+            kind[n.inputs[0].id] = kind[n.out.id] = c
+            continue
+        ins = [cls(v) for v in n.inputs]
+        if None in ins:
+            return None
+        if n.op == Op.BROADCAST:
+            if _classify(n.out.type.shape, full, k) != "full" or ins[0] not in (
+                "row",
+                "const_row",
+                "col",
+                "scalar",
+            ):
+                return None
+            kind[n.out.id] = "bcast_col" if ins[0] == "col" else "bcast"
+            continue
+        if n.op in _REDUCE:
+            if _AS.get(ins[0]) != "full" or n.inputs[0].type.shape != full:
+                return None
+            if len(n.attr("axes")) != k or _classify(n.out.type.shape, full, k) != "row":
+                return None
+            kind[n.out.id] = "row"
+            continue
+        out = _classify(n.out.type.shape, full, k)
+        classes = {"full" if c == "bcast" else _AS.get(c) for c in ins}
+        if out not in ("full", "row") or classes != {out}:
+            return None
+        if "bcast" in ins and n.op.info.kind not in _BROADCAST_READERS:
+            return None
+        kind[n.out.id] = out
+    rows = math.prod(full[: len(full) - k])
+    cols = math.prod(full[len(full) - k :])
+    flat = set(kind.values()) <= {"full", "const_full"}
+    if flat:
+        rows, cols = row_view(rows * cols)
+    p = RowPlan(full, k, rows, cols, kind, flat)
+    if not flat and _sbuf_bytes(nodes, p) > SBUF_SHARE * target.sbuf_partition_bytes:
+        return None
+    return p
+
+
+def _sbuf_bytes(nodes: Sequence[Node], p: RowPlan) -> int:
+    """Per-partition SBUF the kernel needs: double-buffered slots for the full values live at
+    once, one tile per col value, small tiles for row values."""
+    itemsize = max(v.type.dtype.itemsize for n in nodes for v in (*n.inputs, n.out))
+    row_bytes = p.cols * itemsize
+    slots = max(_slot_count(nodes, p), 1)
+    cols = sum(1 for c in p.kind.values() if c in ("col", "const_full"))
+    rows = sum(1 for c in p.kind.values() if c in ("row", "bcast", "scalar", "const_row"))
+    extra = 2 * row_bytes if "bcast" in p.kind.values() else 0
+    return 2 * slots * row_bytes + cols * row_bytes + 2 * rows * 64 + extra
+
+
+def _last_uses(nodes: Sequence[Node]) -> dict[int, int]:
+    last: dict[int, int] = {}
+    for i, n in enumerate(nodes):
+        for v in n.inputs:
+            last[v.id] = i
+    return last
+
+
+def _slot_count(nodes: Sequence[Node], p: RowPlan) -> int:
+    return max(_assign_slots(nodes, p).values(), default=-1) + 1
+
+
+def _assign_slots(nodes: Sequence[Node], p: RowPlan) -> dict[int, int]:
+    """Linear scan over the group: each full value (loaded or computed) gets a slot no other
+    value holds while it is live; a value dies after its last use in the group."""
+    last = _last_uses(nodes)
+    slot: dict[int, int] = {}
+    free: list[int] = []
+    live: dict[int, int] = {}  # value id -> last use
+    count = 0
+
+    def take(vid: int, until: int) -> None:
+        nonlocal count
+        if free:
+            slot[vid] = free.pop()
+        else:
+            slot[vid] = count
+            count += 1
+        live[vid] = until
+
+    for i, n in enumerate(nodes):
+        for v in n.inputs:
+            if p.kind.get(v.id) == "full" and v.id not in slot:
+                take(v.id, last[v.id])
+        if p.kind.get(n.out.id) == "full":
+            take(n.out.id, last.get(n.out.id, i))
+        for vid, until in list(live.items()):
+            if until <= i:
+                free.append(slot[vid])
+                del live[vid]
+    return slot
+
+
+def emit_fused(ctx: EmitCtx, nodes: Sequence[Node]) -> None:
+    p = plan(nodes, ctx.target)
+    if p is None:
+        raise AssertionError("the fuse pass formed a group codegen cannot emit")
+    b = ctx.b
+    defined = {n.out.id for n in nodes}
+    users = ctx.graph.users()
+    outputs = {v.id for v in ctx.graph.outputs}
+    escaping = [
+        n.out
+        for n in nodes
+        if n.out.id in outputs or any(u.out.id not in defined for u in users[n.out.id])
+    ]
+    for v in escaping:
+        ctx.alloc(v)
+    if p.rows == 0 or p.cols == 0:
+        return  # empty tensors: the buffers exist, nothing moves
+    itemsize = max(v.type.dtype.itemsize for n in nodes for v in (*n.inputs, n.out))
+    chunk = p.cols if not p.flat else max(1, min(p.cols, COLUMN_CHUNK_BYTES // itemsize))
+    slots = _assign_slots(nodes, p)
+    # Pools hold two rounds of what one row step allocates, so step i+1 loads while step i
+    # computes (double buffering) and no value is overwritten while live.
+    per_slot = [0] * (max(slots.values(), default=-1) + 1)
+    for s in slots.values():
+        per_slot[s] += 1
+    slot_pools = [b.sbuf_pool(chunk * itemsize, bufs=2 * n) for n in per_slot]
+    row_pool = b.sbuf_pool(64, bufs=2 * max(1, _row_tiles_per_step(nodes, p)))
+    # Where an escaping broadcast is materialised before it is stored.
+    extra_pool = b.sbuf_pool(chunk * itemsize, bufs=2) if "bcast" in p.kind.values() else None
+    # Values the same for every row step, made once: col rows and scalars loaded from HBM
+    # with partition stride 0, constants memset.
+    external = [vid for vid, c in p.kind.items() if vid not in defined and c in ("col", "scalar")]
+    made = [n for n in nodes if n.op == Op.FULL]
+    const_pool = b.sbuf_pool(chunk * itemsize, bufs=max(1, len(external) + len(made)))
+    consts: dict[int, isa.TileRef] = {}
+    first_p = min(P, p.rows)
+    for vid in external:
+        v = _value(nodes, vid)
+        width = chunk if p.kind[vid] == "col" else 1
+        t = const_pool.tile(first_p, (width,), v.type.dtype)
+        b.dma(t, isa.DramRef(ctx.buf(v), 0, v.type.dtype, ((0, first_p), (1, width))))
+        consts[vid] = t
+    for n in made:
+        width = chunk if p.kind[n.out.id] == "const_full" else 1
+        t = const_pool.tile(first_p, (width,), n.out.type.dtype)
+        b.emit(isa.Memset("pool", dst=t, value=float(n.attr("value"))))
+        consts[n.out.id] = t
+    for r0 in range(0, p.rows, P):
+        rp = min(P, p.rows - r0)
+        for c0 in range(0, p.cols, chunk):
+            f = min(chunk, p.cols - c0)
+            _emit_tile(
+                ctx,
+                nodes,
+                p,
+                slots,
+                slot_pools,
+                row_pool,
+                extra_pool,
+                consts,
+                escaping,
+                r0,
+                rp,
+                c0,
+                f,
+            )
+
+
+def _row_tiles_per_step(nodes: Sequence[Node], p: RowPlan) -> int:
+    """[p, 1] tiles one row step allocates: row inputs, row results, reduce accumulators."""
+    defined = {n.out.id for n in nodes}
+    count = sum(1 for vid, c in p.kind.items() if c == "row" and vid not in defined)
+    for n in nodes:
+        if p.kind[n.out.id] == "row":
+            count += 2 if n.op in _REDUCE else 1
+    return count
+
+
+def _value(nodes: Sequence[Node], vid: int) -> Value:
+    for n in nodes:
+        for v in (*n.inputs, n.out):
+            if v.id == vid:
+                return v
+    raise KeyError(vid)
+
+
+def _emit_tile(
+    ctx, nodes, p, slots, slot_pools, row_pool, extra_pool, consts, escaping, r0, rp, c0, f
+):
+    """One [rp rows, f columns] step of the kernel: load, compute every node, store."""
+    b = ctx.b
+    tiles: dict[int, isa.TileRef] = {}
+    escaping_ids = {v.id for v in escaping}
+
+    def tile_of(v: Value) -> isa.TileRef:
+        if v.id in tiles:
+            return tiles[v.id]
+        c = p.kind[v.id]
+        if c in ("col", "scalar", "const_full", "const_row"):
+            t = consts[v.id].rows(rp)
+        elif c == "full":
+            t = slot_pools[slots[v.id]].tile(rp, (f,), v.type.dtype)
+            b.dma(t, rect(ctx.buf(v), v.type.dtype, r0 * p.cols + c0, p.cols, rp, f))
+        else:  # row
+            t = row_pool.tile(rp, (1,), v.type.dtype)
+            b.dma(t, rect(ctx.buf(v), v.type.dtype, r0, 1, rp, 1))
+        tiles[v.id] = t
+        return t
+
+    def store(v: Value, t: isa.TileRef) -> None:
+        c, dt = p.kind[v.id], v.type.dtype
+        if c == "bcast":  # materialise the per-partition scalar across the row
+            full_t = extra_pool.tile(rp, (f,), dt)
+            b.emit(isa.TensorTensor("dve", op="max", dst=full_t, a=t, b=t))
+            t, c = full_t, "full"
+        if c in ("full", "const_full", "bcast_col"):
+            b.dma(rect(ctx.buf(v), dt, r0 * p.cols + c0, p.cols, rp, f), t)
+        elif c in ("row", "const_row"):
+            b.dma(rect(ctx.buf(v), dt, r0, 1, rp, 1), t)
+        elif r0 == 0:  # col: the same row for every row step, stored once
+            b.dma(rect(ctx.buf(v), dt, c0, p.cols, 1, f), t.rows(1))
+
+    for n in nodes:
+        c = p.kind[n.out.id]
+        if n.op in (Op.BROADCAST, Op.RESHAPE, Op.FULL):
+            # Read as a per-partition scalar, a col row or a constant tile: nothing to compute.
+            src = consts[n.out.id] if n.op == Op.FULL else tile_of(n.inputs[0])
+            tiles[n.out.id] = src.rows(rp) if n.op == Op.FULL else src
+            if n.out.id in escaping_ids:
+                store(n.out, tiles[n.out.id])
+            continue
+        srcs = [tile_of(v) for v in n.inputs]
+        if c == "full":
+            dst = slot_pools[slots[n.out.id]].tile(rp, (f,), n.out.type.dtype)
+        else:
+            dst = row_pool.tile(rp, (1,), n.out.type.dtype)
+        if n.op in _REDUCE:
+            acc_dt = DType.F32 if n.inputs[0].type.dtype.is_float else DType.I64
+            acc = dst if dst.dtype == acc_dt else row_pool.tile(rp, (1,), acc_dt)
+            b.emit(isa.TensorReduce("dve", op=_REDUCE[n.op], dst=acc, src=srcs[0]))
+            if acc is not dst:
+                b.emit(isa.TensorCopy("dve", dst=dst, src=acc))
+        else:
+            b.emit(_compute_instr(n, dst, srcs))
+        tiles[n.out.id] = dst
+        if n.out.id in escaping_ids:
+            store(n.out, dst)
