@@ -135,8 +135,8 @@ def instr_ns(ins: isa.Instr, t: Target) -> float:
 
 
 def matmul_flops(ins: isa.Instr) -> int:
-    """Useful FLOPs: 2 K M N of the operands as given."""
-    if not isinstance(ins, isa.Matmul):
+    """Useful FLOPs: 2 K M N of the operands as given (a transpose does no model math)."""
+    if not isinstance(ins, isa.Matmul) or ins.transpose:
         return 0
     k = ins.stationary.np
     return 2 * k * ins.stationary.free_elems * ins.moving.free_elems

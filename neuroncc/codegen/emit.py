@@ -41,6 +41,10 @@ class EmitCtx:
             self.b.dram(f"in{i}", v.type.shape, v.type.dtype, "input")
             self.loc[v.id] = ValueLoc(f"in{i}", v.type.shape, v.type.dtype)
         self._output_ids = outputs
+        self.users = graph.users()
+        # Transposes folded into the matmul that reads them (emit_matmul): value id -> the
+        # buffer holding the untransposed data.
+        self.transposed_view: dict[int, str] = {}
 
     def alloc(self, v: Value) -> str:
         name = f"v{v.id}"

@@ -6,6 +6,7 @@ import math
 
 from neuroncc.codegen import isa
 from neuroncc.codegen.emit import TILE_BYTES, EmitCtx, P, rect, register, tiles_2d
+from neuroncc.codegen.emit_matmul import emit_transpose_last2
 from neuroncc.errors import CodegenError
 from neuroncc.ir.graph import Node, Value
 from neuroncc.ir.ops import Op
@@ -21,44 +22,6 @@ _REDUCE_OP = {
 }
 _COMBINE_OP = {"sum": "add", "max": "max", "min": "min", "prod": "mul"}
 _IDENTITY = {"sum": 0.0, "prod": 1.0}
-
-
-@register(Op.MATMUL)
-def emit_matmul(ctx: EmitCtx, n: Node) -> None:
-    b, t = ctx.b, ctx.target
-    a_v, b_v = n.inputs
-    *batch, m, k = a_v.type.shape
-    nn = b_v.type.shape[-1]
-    dt, odt = a_v.type.dtype, n.out.type.dtype
-    a_buf, b_buf, out = ctx.buf(a_v), ctx.buf(b_v), ctx.alloc(n.out)
-    mt_max, nt_max, kt_max = t.pe_stationary_fmax, t.pe_moving_fmax, t.pe_rows
-    a_pool = b.sbuf_pool(mt_max * dt.itemsize, bufs=2)
-    b_pool = b.sbuf_pool(nt_max * dt.itemsize, bufs=2)
-    o_pool = b.sbuf_pool(nt_max * odt.itemsize, bufs=2)
-    ps_pool = b.psum_pool(bufs=2)
-    for bi in range(math.prod(batch)):
-        a_off, b_off, o_off = bi * m * k, bi * k * nn, bi * m * nn
-        for m0 in range(0, m, mt_max):
-            mt = min(mt_max, m - m0)
-            for n0 in range(0, nn, nt_max):
-                nt = min(nt_max, nn - n0)
-                ot = o_pool.tile(mt, (nt,), odt)
-                if k == 0:
-                    b.emit(isa.Memset("pool", dst=ot, value=0.0))
-                else:
-                    ps = ps_pool.tile(mt, (nt,), DType.F32)
-                    for ki, k0 in enumerate(range(0, k, kt_max)):
-                        kt = min(kt_max, k - k0)
-                        # Stationary = A^T tile: contraction axis K on partitions (layout rule 1).
-                        at = a_pool.tile(kt, (mt,), dt)
-                        b.dma(at, isa.DramRef(a_buf, a_off + m0 * k + k0, dt, ((1, kt), (k, mt))))
-                        bt = b_pool.tile(kt, (nt,), dt)
-                        b.dma(bt, rect(b_buf, dt, b_off + k0 * nn + n0, nn, kt, nt))
-                        b.emit(
-                            isa.Matmul("pe", dst=ps, stationary=at, moving=bt, accumulate=ki > 0)
-                        )
-                    b.emit(isa.TensorCopy("act", dst=ot, src=ps))
-                b.dma(rect(out, odt, o_off + m0 * nn + n0, nn, mt, nt), ot)
 
 
 @register(Op.REDUCE_SUM, Op.REDUCE_MAX, Op.REDUCE_MIN, Op.REDUCE_PROD)
@@ -156,6 +119,8 @@ def emit_reshape(ctx: EmitCtx, n: Node) -> None:
 
 @register(Op.TRANSPOSE)
 def emit_transpose(ctx: EmitCtx, n: Node) -> None:
+    if emit_transpose_last2(ctx, n):  # on TensorE
+        return
     x = n.inputs[0]
     perm = n.attr("perm")
     in_strides = contiguous_strides(x.type.shape)

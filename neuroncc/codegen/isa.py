@@ -193,13 +193,17 @@ class DmaScatter(Instr):
 
 @dataclass(frozen=True)
 class Matmul(Instr):
-    """TensorE: dst[M,N] (PSUM, fp32) = (dst if accumulate else 0) + stationary[K,M].T @ moving[K,N]."""
+    """TensorE: dst[M,N] (PSUM, fp32) = (dst if accumulate else 0) + stationary[K,M].T @ moving[K,N].
+
+    `transpose` marks a matmul against the identity that only transposes its stationary
+    operand: it counts towards HFU, not MFU."""
 
     opcode: ClassVar[str] = "matmul"
     dst: TileRef
     stationary: TileRef
     moving: TileRef
     accumulate: bool
+    transpose: bool = False
 
     def reads(self):
         base = (self.stationary, self.moving)

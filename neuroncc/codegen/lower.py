@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from neuroncc.codegen import emit_tensor  # noqa: F401  (registers matmul, reduce, movement)
+from neuroncc.codegen import emit_matmul, emit_tensor  # noqa: F401  (register the emitters)
 from neuroncc.codegen.emit import EMITTERS, EmitCtx
 from neuroncc.codegen.emit_fused import emit_fused
 from neuroncc.codegen.program import Executable

@@ -41,6 +41,10 @@ class Target(BaseModel):
     pe_stationary_fmax: int = 128
     pe_moving_fmax: int = 512
     pe_fp32_slowdown: int = 4  # "FP32 inputs cost 4x" (1c)
+    # NC-v3 adds a bit-exact TensorE transpose mode (1c). Without it a transpose is a matmul
+    # against the identity, where an inf or NaN anywhere in the tile spreads (inf * 0 = NaN),
+    # so codegen transposes on TensorE only where the target has the exact mode.
+    pe_exact_transpose: bool = False
     # TensorE warm-up throttling (1c, Neuron Explorer "Understanding throttling"): the array
     # starts at `pe_throttle_start` of full rate and ramps to full over `pe_throttle_ramp_ns` of
     # busy time; the limit returns when utilisation falls below 50% over that window.
@@ -112,6 +116,7 @@ TRN2 = Target(
     dma_engine_gbps=27.2,
     dma_descriptor_ns=26.0,
     pe_throttle_start=0.5,
+    pe_exact_transpose=True,
 )
 
 TRN3 = Target(
@@ -128,6 +133,7 @@ TRN3 = Target(
     dma_engine_gbps=38.4,  # 38.4 GB/s theoretical per engine (nki-dma-overview)
     dma_descriptor_ns=26.0,  # [assumed] as trn2: no published trn3 measurement
     pe_throttle_start=0.5,
+    pe_exact_transpose=True,
 )
 
 TARGETS: dict[str, Target] = {t.name: t for t in (TRN1, TRN2, TRN3)}

@@ -90,6 +90,13 @@ def run_matmul(m: Memories, ins: isa.Matmul, t: Target) -> None:
     a = m.tile(st).reshape(st.np, -1).astype(np.float32)
     b = m.tile(mv).reshape(mv.np, -1).astype(np.float32)
     out = m.tile(dst)
+    if ins.transpose:  # the exact transpose mode: data movement, no arithmetic
+        if not t.pe_exact_transpose:
+            raise SimulationError(f"{t.name} has no exact TensorE transpose mode")
+        if mv.shape != (st.np, st.np) or not np.array_equal(b, np.eye(st.np, dtype=np.float32)):
+            raise SimulationError("a transpose matmul multiplies by the identity")
+        out[...] = a.T
+        return
     prod = a.T @ b
     out[...] = out + prod if ins.accumulate else prod
 

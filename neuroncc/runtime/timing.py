@@ -244,7 +244,7 @@ def time_executable(exe: Executable, t: Target) -> Profile:
         if isinstance(ins, isa.Matmul):
             flops += costs.matmul_flops(ins)
             hw_flops += costs.matmul_hw_flops(ins, t)
-            peak_ns += costs.matmul_flops(ins) / t.peak_flops_per_ns(ins.moving.dtype)
+            peak_ns += costs.matmul_hw_flops(ins, t) / t.peak_flops_per_ns(ins.moving.dtype)
         r, w = _hbm_bytes(ins)
         read, write = read + r, write + w
         if _is_dma(ins):
@@ -258,7 +258,7 @@ def time_executable(exe: Executable, t: Target) -> Profile:
         psum_w += _tile_bytes(ins.writes(), "psum")
     total = max(sched.end, default=0.0)
     # Utilisation against the peak of the dtypes actually multiplied (fp32 runs at 1/4).
-    dtype_peak = flops / peak_ns if peak_ns else t.peak_flops_per_ns(DType.BF16)
+    dtype_peak = hw_flops / peak_ns if peak_ns else t.peak_flops_per_ns(DType.BF16)
     ideal_dma_ns = dma_payload / (t.dma_gbps / t.dma_engines)
     return Profile(
         target=t.name,

@@ -164,3 +164,19 @@ def test_put(combine, dtype):
     g = b.build([b.op(Op.PUT, table, idx, rows, combine=combine)])
     ids = RNG.integers(0, 40, n) if accumulate else RNG.permutation(40)
     check(g, [random_input(table.type), ids.astype(np.int64), random_input(rows.type)], atol=1e-4)
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+@pytest.mark.parametrize("a_transposed", [False, True])
+def test_matmul_layouts_are_exact_with_infinities(target, a_transposed):
+    """A^T comes from a folded transpose, TensorE transposes (exact mode, trn2) or strided DMA
+    (trn1): an inf in one element of A must not spread to other rows of the result."""
+    m, k, n = 200, 300, 600
+    b = GraphBuilder()
+    x = b.input(TensorType((k, m) if a_transposed else (m, k), DType.F32))
+    w = b.input(TensorType((k, n), DType.F32))
+    a = b.op(Op.TRANSPOSE, x, perm=[1, 0]) if a_transposed else x
+    g = b.build([b.op(Op.MATMUL, a, w), b.op(Op.TRANSPOSE, w, perm=[1, 0])])
+    xs = RNG.standard_normal(x.type.shape).astype(np.float32)
+    xs[(3, 5)] = np.inf
+    check(g, [xs, RNG.standard_normal((k, n)).astype(np.float32)], TARGETS[target], 1e-4, 1e-4)

@@ -1,0 +1,268 @@
+"""Matmul and transposes on TensorE, tiled for the array and blocked for reuse.
+
+Layout: TensorE contracts over partitions, `stationary[K, M].T @ moving[K, N]`, so the left
+operand is needed as A^T (K on partitions) while HBM holds A row-major. Rather than an
+element-strided DMA (one descriptor per element), A is loaded in contiguous [rows, 128] tiles
+and transposed on TensorE against an identity matrix (`nc_transpose`: about max(P, 64) cycles),
+the PSUM result copied back to SBUF. The same transpose serves TRANSPOSE of the last two axes.
+
+Blocking (Note [matmul blocking]): an M block of TM x 128 rows keeps its whole A^T in SBUF and
+TM x TN PSUM banks accumulate [128, 512] fp32 output tiles over all of K; each step over K then
+loads one [128, TN x 512] tile of B (contiguous rows) and issues TM x TN matmuls. A is read
+from HBM once, B once per M block. TM is as large as PSUM banks and SBUF allow: a step's DMA
+(B only) shrinks relative to its TensorE time as TM grows, which is what makes the big GEMMs
+compute-bound. The choice reads the target's PSUM banks and SBUF size; where even one M tile of
+A^T does not fit (a very long K) the plain tiled schedule is used.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from neuroncc.codegen import isa
+from neuroncc.codegen.builder import TilePool
+from neuroncc.codegen.emit import EmitCtx, P, rect, register
+from neuroncc.codegen.targets import Target
+from neuroncc.ir.graph import Node
+from neuroncc.ir.ops import Op
+from neuroncc.ir.types import DType
+
+PSUM_TRANSPOSE_BANKS = 1  # banks left for transposes; the rest accumulate matmul outputs
+SBUF_SHARE = 0.7  # of a partition, for A^T of one M block
+A_CHUNK_TILES = 8  # 128-column tiles of A per load
+
+
+class PeTransposer:
+    """Transposes [p <= 128, f <= 128] SBUF tiles on TensorE: out[f, p] = x.T @ I_p."""
+
+    def __init__(self, ctx: EmitCtx, dtype: DType) -> None:
+        b = ctx.b
+        self.b, self.dtype = b, dtype
+        ident = b.sbuf_pool(P * dtype.itemsize, bufs=1).tile(P, (P,), dtype)
+        grid = b.sbuf_pool(P * 4, bufs=1).tile(P, (P,), DType.F32)
+        b.emit(isa.Iota("pool", dst=grid, base=0.0, pstep=1.0, fstep=-1.0))  # p - f
+        b.emit(isa.TensorScalar("dve", op="eq", dst=ident, src=grid, scalar=0.0))
+        self.ident = ident
+        bank = b.psum_pool(bufs=PSUM_TRANSPOSE_BANKS)
+        # Four [128, 128] fp32 results share one 2 KiB bank, so transposes pipeline.
+        self.psum = TilePool("psum", bank.base, P * 4, bufs=4 * PSUM_TRANSPOSE_BANKS)
+        self._engine = 0
+
+    def __call__(self, dst: isa.TileRef, src: isa.TileRef) -> None:
+        """dst[f, p] (SBUF) = src[p, f] transposed."""
+        p, f = src.np, src.free_elems
+        ps = self.psum.tile(f, (p,), DType.F32)
+        eye = self.ident.rows(p).cols(0, p)
+        self.b.emit(
+            isa.Matmul("pe", dst=ps, stationary=src, moving=eye, accumulate=False, transpose=True)
+        )
+        self.b.emit(isa.TensorCopy(self.evacuation_engine(), dst=dst, src=ps))
+
+    def evacuation_engine(self) -> str:
+        """Alternate PSUM evacuations between ScalarE and VectorE."""
+        self._engine ^= 1
+        return "act" if self._engine else "dve"
+
+
+@dataclass(frozen=True)
+class Blocking:
+    tm: int  # 128-row tiles of M per block
+    tn: int  # 512-column tiles of N per step
+
+
+def choose_blocking(
+    m: int, k: int, n: int, dtype: DType, t: Target, transposes: bool
+) -> Blocking | None:
+    banks = t.psum_partition_bytes // t.psum_bank_bytes
+    banks -= PSUM_TRANSPOSE_BANKS if transposes else 0
+    m_tiles, n_tiles = math.ceil(m / P), math.ceil(n / t.pe_moving_fmax)
+    at_bytes_per_tile = math.ceil(k / P) * P * dtype.itemsize  # A^T of one M tile
+    fits = int(SBUF_SHARE * t.sbuf_partition_bytes // max(at_bytes_per_tile, 1))
+    tm = min(m_tiles, banks, fits)
+    if tm < 1:
+        return None
+    return Blocking(tm, max(1, min(n_tiles, banks // tm)))
+
+
+@register(Op.MATMUL)
+def emit_matmul(ctx: EmitCtx, n: Node) -> None:
+    b, t = ctx.b, ctx.target
+    a_v, b_v = n.inputs
+    *batch, m, k = a_v.type.shape
+    nn = b_v.type.shape[-1]
+    dt, odt = a_v.type.dtype, n.out.type.dtype
+    folded = ctx.transposed_view.get(a_v.id)  # A^T already in HBM: load it as it is
+    a_buf = folded if folded is not None else ctx.buf(a_v)
+    b_buf, out = ctx.buf(b_v), ctx.alloc(n.out)
+    if m == 0 or nn == 0:
+        return
+    on_pe = folded is None and t.pe_exact_transpose
+    blocking = choose_blocking(m, k, nn, dt, t, on_pe) if k else None
+    if blocking is None:
+        _emit_zero_or_simple(ctx, n, a_buf, b_buf, out, folded is not None)
+        return
+    tm, tn = blocking.tm, blocking.tn
+    kt_n = math.ceil(k / P)
+    nf = t.pe_moving_fmax
+    transpose = PeTransposer(ctx, dt) if on_pe else None
+    at_pool = b.sbuf_pool(tm * P * dt.itemsize, bufs=kt_n)  # A^T of one M block, all of K
+    # A is read in [rows, chunk] pieces (long contiguous rows: few DMA descriptors), each
+    # transposed 128 columns at a time.
+    chunk = min(k, A_CHUNK_TILES * P)
+    a_pool = b.sbuf_pool(chunk * dt.itemsize, bufs=2 * tm) if on_pe else None
+    b_pool = b.sbuf_pool(tn * nf * dt.itemsize, bufs=3)
+    o_pool = b.sbuf_pool(nf * odt.itemsize, bufs=4)
+    acc = b.psum_pool(bufs=tm * tn)
+    blocks = [
+        (bi, [(r, min(P, m - r)) for r in range(m0, min(m, m0 + tm * P), P)])
+        for bi in range(math.prod(batch))
+        for m0 in range(0, m, tm * P)
+    ]
+    at_slots = [at_pool.tile(min(P, k - ki * P), (tm * P,), dt) for ki in range(kt_n)]
+    chunks: dict[int, isa.TileRef] = {}
+
+    def rebuild(block: tuple, ki: int) -> None:
+        """A^T tile ki of `block`: load A chunks as they start, transpose each row tile."""
+        bi, mrows = block
+        k0, kt = ki * P, min(P, k - ki * P)
+        if folded is not None:  # rows of A^T are contiguous: one DMA for the block's tile
+            width = sum(mt for _, mt in mrows)
+            src = rect(folded, dt, bi * m * k + k0 * m + mrows[0][0], m, kt, width)
+            b.dma(at_slots[ki].cols(0, width), src)
+            return
+        if not on_pe:  # no exact transpose on TensorE: element-strided DMA, A read once
+            for j, (r0, mt) in enumerate(mrows):
+                src = isa.DramRef(a_buf, bi * m * k + r0 * k + k0, dt, ((1, kt), (k, mt)))
+                b.dma(at_slots[ki].cols(j * P, mt), src)
+            return
+        for j, (r0, mt) in enumerate(mrows):
+            c0 = k0 - k0 % chunk
+            if k0 == c0:
+                width = min(chunk, k - c0)
+                chunks[j] = a_pool.tile(mt, (width,), dt)
+                src = rect(a_buf, dt, bi * m * k + r0 * k + c0, k, mt, width)
+                b.dma(chunks[j], src)
+            transpose(at_slots[ki].cols(j * P, mt), chunks[j].cols(k0 - c0, min(P, k - k0)))
+
+    for ki in range(kt_n):
+        rebuild(blocks[0], ki)
+    for bnum, (bi, mrows) in enumerate(blocks):
+        b_off, o_off = bi * k * nn, bi * m * nn
+        n_starts = list(range(0, nn, tn * nf))
+        for n0 in n_starts:
+            width = min(tn * nf, nn - n0)
+            cols = [(c, min(nf, n0 + width - c)) for c in range(n0, n0 + width, nf)]
+            ps = {
+                (j, c): acc.tile(mt, (w,), DType.F32)
+                for j, (_, mt) in enumerate(mrows)
+                for c, (_, w) in enumerate(cols)
+            }
+            last = n0 == n_starts[-1] and bnum + 1 < len(blocks)
+            for ki in range(kt_n):
+                k0, kt = ki * P, min(P, k - ki * P)
+                bt = b_pool.tile(kt, (width,), dt)
+                b.dma(bt, rect(b_buf, dt, b_off + k0 * nn + n0, nn, kt, width))
+                for j, (_, mt) in enumerate(mrows):
+                    st = at_slots[ki].cols(j * P, mt)
+                    for c, (c0, w) in enumerate(cols):
+                        b.emit(
+                            isa.Matmul(
+                                "pe",
+                                dst=ps[j, c],
+                                stationary=st,
+                                moving=bt.cols(c0 - n0, w),
+                                accumulate=ki > 0,
+                            )
+                        )
+                if last:  # software pipelining: the next block's A^T tile, once this one is done
+                    rebuild(blocks[bnum + 1], ki)
+            for (j, c), tile in ps.items():
+                r0, mt = mrows[j]
+                c0, w = cols[c]
+                ot = o_pool.tile(mt, (w,), odt)
+                engine = "act" if (j + c) % 2 else "dve"  # spread the PSUM evacuations
+                b.emit(isa.TensorCopy(engine, dst=ot, src=tile))
+                b.dma(rect(out, odt, o_off + r0 * nn + c0, nn, mt, w), ot)
+
+
+def _emit_zero_or_simple(
+    ctx: EmitCtx, n: Node, a_buf: str, b_buf: str, out: str, a_is_transposed: bool
+) -> None:
+    """K == 0 (a zero result), or a K too long to keep A^T on chip: the plain tiled schedule,
+    A^T tiles loaded by DMA (element-strided unless `a_buf` already holds A^T)."""
+    b, t = ctx.b, ctx.target
+    a_v, b_v = n.inputs
+    *batch, m, k = a_v.type.shape
+    nn = b_v.type.shape[-1]
+    dt, odt = a_v.type.dtype, n.out.type.dtype
+    mt_max, nt_max, kt_max = t.pe_stationary_fmax, t.pe_moving_fmax, t.pe_rows
+    a_pool = b.sbuf_pool(mt_max * dt.itemsize, bufs=2)
+    b_pool = b.sbuf_pool(nt_max * dt.itemsize, bufs=2)
+    o_pool = b.sbuf_pool(nt_max * odt.itemsize, bufs=2)
+    ps_pool = b.psum_pool(bufs=2)
+    for bi in range(math.prod(batch)):
+        a_off, b_off, o_off = bi * m * k, bi * k * nn, bi * m * nn
+        for m0 in range(0, m, mt_max):
+            mt = min(mt_max, m - m0)
+            for n0 in range(0, nn, nt_max):
+                nt = min(nt_max, nn - n0)
+                ot = o_pool.tile(mt, (nt,), odt)
+                if k == 0:
+                    b.emit(isa.Memset("pool", dst=ot, value=0.0))
+                else:
+                    ps = ps_pool.tile(mt, (nt,), DType.F32)
+                    for ki, k0 in enumerate(range(0, k, kt_max)):
+                        kt = min(kt_max, k - k0)
+                        at = a_pool.tile(kt, (mt,), dt)
+                        if a_is_transposed:
+                            src = rect(a_buf, dt, a_off + k0 * m + m0, m, kt, mt)
+                        else:
+                            src = isa.DramRef(a_buf, a_off + m0 * k + k0, dt, ((1, kt), (k, mt)))
+                        b.dma(at, src)
+                        bt = b_pool.tile(kt, (nt,), dt)
+                        b.dma(bt, rect(b_buf, dt, b_off + k0 * nn + n0, nn, kt, nt))
+                        b.emit(
+                            isa.Matmul("pe", dst=ps, stationary=at, moving=bt, accumulate=ki > 0)
+                        )
+                    b.emit(isa.TensorCopy("act", dst=ot, src=ps))
+                b.dma(rect(out, odt, o_off + m0 * nn + n0, nn, mt, nt), ot)
+
+
+def emit_transpose_last2(ctx: EmitCtx, n: Node) -> bool:
+    """TRANSPOSE swapping the last two axes (leading axes kept) on TensorE, 128x128 tiles at
+    a time. Returns False where this does not apply (other permutations, integer data)."""
+    x = n.inputs[0]
+    perm, rank = n.attr("perm"), x.type.rank
+    dt = x.type.dtype
+    if rank < 2 or tuple(perm) != (*range(rank - 2), rank - 1, rank - 2) or not dt.is_float:
+        return False
+    users = ctx.users[n.out.id]
+    only_left_operand = all(
+        u.op == Op.MATMUL and u.inputs[0].id == n.out.id != u.inputs[1].id for u in users
+    )
+    if users and only_left_operand and n.out.id not in ctx._output_ids:
+        ctx.transposed_view[n.out.id] = ctx.buf(x)  # the matmuls read A^T from x itself
+        return True
+    if not ctx.target.pe_exact_transpose:
+        return False
+    *batch, r, c = x.type.shape
+    out = ctx.alloc(n.out)
+    if r == 0 or c == 0:
+        return True
+    b = ctx.b
+    transpose = PeTransposer(ctx, dt)
+    src_pool = b.sbuf_pool(P * dt.itemsize, bufs=4)
+    dst_pool = b.sbuf_pool(P * dt.itemsize, bufs=4)
+    for bi in range(math.prod(batch)):
+        off = bi * r * c
+        for r0 in range(0, r, P):
+            rp = min(P, r - r0)
+            for c0 in range(0, c, P):
+                cp = min(P, c - c0)
+                src = src_pool.tile(rp, (cp,), dt)
+                b.dma(src, rect(ctx.buf(x), dt, off + r0 * c + c0, c, rp, cp))
+                dst = dst_pool.tile(cp, (rp,), dt)
+                transpose(dst, src)
+                b.dma(rect(out, dt, off + c0 * r + r0, r, cp, rp), dst)
+    return True
