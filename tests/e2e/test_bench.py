@@ -1,0 +1,61 @@
+"""The benchmark suite's quick subset, and opt_level 0 vs 2 agreeing end to end."""
+
+import pytest
+import torch
+
+import neuroncc
+from neuroncc.examples import GPTConfig, TinyGPT, example_batch
+from tools import bench
+
+
+def test_bench_quick_rows_are_consistent(fresh):
+    rows = [bench.gemm_row(quick=True)]
+    for name in ("layernorm", "gpt2_block_fwd_bwd"):
+        w = next(w for w in bench.WORKLOADS if w.name == name)
+        rows.append(bench.run_workload(w, quick=True, inductor=False))
+    for r in rows:
+        assert 0 < r.roofline_us <= r.device_us
+        assert 0 < r.fraction <= 1
+        assert r.hbm_mb_o2 <= r.hbm_mb_o0
+    assert rows[1].hbm_mb_o2 < rows[1].hbm_mb_o0 / 3  # the fused LayerNorm
+    bench.print_table(rows)
+
+
+def test_opt_levels_agree_on_a_training_step(fresh):
+    torch.manual_seed(0)
+    cfg = GPTConfig(seq=16, dim=32, layers=2)
+    model = TinyGPT(cfg)
+    idx, targets = example_batch(cfg, 2)
+    results = {}
+    for level in (0, 2):
+        torch._dynamo.reset()
+        model.zero_grad()
+        compiled = torch.compile(model, backend="neuron", options={"opt_level": level})
+        logits, loss = compiled(idx, targets)
+        loss.backward()
+        results[level] = (logits, loss, [p.grad.clone() for p in model.parameters()])
+        assert neuroncc.stats()["fallback_nodes"] == {}
+    (l0, s0, g0), (l2, s2, g2) = results[0], results[2]
+    torch.testing.assert_close(l2, l0, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(s2, s0, rtol=1e-5, atol=1e-6)
+    for a, b in zip(g2, g0, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_fused_and_blocked_code_is_faster_than_one_kernel_per_op(fresh, target):
+    torch.manual_seed(0)
+    cfg = GPTConfig(seq=32, dim=64, layers=1)
+    model = TinyGPT(cfg)
+    idx, targets = example_batch(cfg, 2)
+    device = {}
+    for level in (0, 2):
+        torch._dynamo.reset()
+        compiled = torch.compile(
+            model, backend="neuron", options={"opt_level": level, "target": target}
+        )
+        compiled(idx, targets)
+        neuroncc.reset_stats()
+        compiled(idx, targets)
+        device[level] = neuroncc.stats()["device_seconds"]
+    assert device[2] < device[0] / 1.5
