@@ -87,8 +87,11 @@ def dma_ns(nbytes: int, run_bytes: int, t: Target, engines: int = 1) -> float:
     return work.engine_ns(per_engine, t)
 
 
-def _vector_cycles(n: int, per_elem: float, t: Target, lowp: bool) -> float:
-    speed = t.vector_lowp_speedup if lowp else 1.0
+def _vector_cycles(n: int, per_elem: float, t: Target, lowp: bool, engine: str = "dve") -> float:
+    """An ALU pass over n elements per lane on VectorE (or GpSimdE, which has no wide modes)."""
+    speed = 1.0
+    if engine == "dve":
+        speed = t.vector_elems_per_lane * (t.vector_lowp_speedup if lowp else 1.0)
     return t.access_overhead_cycles + max(t.min_ii_cycles, per_elem * n / speed)
 
 
@@ -114,16 +117,20 @@ def _cycles(ins: isa.Instr, t: Target) -> float:
         lowp = ins.a.dtype in _LOW_PRECISION and ins.b.dtype in _LOW_PRECISION
         scalar = ins.dst.free_elems not in (1,) and 1 in (ins.a.free_elems, ins.b.free_elems)
         per_elem = 1.0 if lowp or scalar or "psum" in (ins.a.mem, ins.b.mem) else 2.0
-        return _vector_cycles(ins.dst.free_elems, per_elem, t, lowp)
+        return _vector_cycles(ins.dst.free_elems, per_elem, t, lowp, ins.engine)
     if isinstance(ins, isa.TensorReduce):
         lowp = ins.src.dtype in _LOW_PRECISION and ins.op in ("sum", "max")
-        return _vector_cycles(ins.src.free_elems, 0.5 if lowp else 1.0, t, False)
+        return _vector_cycles(ins.src.free_elems, 0.5 if lowp else 1.0, t, False, ins.engine)
     if isinstance(ins, (isa.TensorScalar, isa.TensorCopy, isa.Select)):
         src = ins.src if not isinstance(ins, isa.Select) else ins.a
-        return _vector_cycles(ins.dst.free_elems, 1.0, t, src.dtype in _LOW_PRECISION)
+        if ins.engine == "act":  # ScalarE copies/converts at its activation rate
+            speed = t.scalar_lowp_speedup if src.dtype in _LOW_PRECISION else 1.0
+            return t.access_overhead_cycles + max(t.min_ii_cycles, ins.dst.free_elems / speed)
+        lowp = src.dtype in _LOW_PRECISION
+        return _vector_cycles(ins.dst.free_elems, 1.0, t, lowp, ins.engine)
     if isinstance(ins, isa.Memset):
         per_elem = 0.5 if ins.dst.dtype in _LOW_PRECISION and ins.value == 0 else 1.0
-        return _vector_cycles(ins.dst.free_elems, per_elem, t, False)
+        return _vector_cycles(ins.dst.free_elems, per_elem, t, False, ins.engine)
     if isinstance(ins, isa.Iota):
         return ins.dst.free_elems
     raise TypeError(f"no cost formula for {type(ins).__name__}")

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from neuroncc.codegen import isa
+from neuroncc.codegen import costs, isa
 from neuroncc.codegen.emit import EmitCtx, P, _compute_instr, rect, row_view
 from neuroncc.codegen.targets import Target
 from neuroncc.ir.graph import Node, Value
@@ -266,6 +266,7 @@ def emit_fused(ctx: EmitCtx, nodes: Sequence[Node]) -> None:
         t = const_pool.tile(first_p, (width,), n.out.type.dtype)
         b.emit(isa.Memset("pool", dst=t, value=float(n.attr("value"))))
         consts[n.out.id] = t
+    balance = EngineBalancer(ctx.target)
     for r0 in range(0, p.rows, P):
         rp = min(P, p.rows - r0)
         for c0 in range(0, p.cols, chunk):
@@ -280,11 +281,41 @@ def emit_fused(ctx: EmitCtx, nodes: Sequence[Node]) -> None:
                 extra_pool,
                 consts,
                 escaping,
+                balance,
                 r0,
                 rp,
                 c0,
                 f,
             )
+
+
+class EngineBalancer:
+    """Spreads a kernel's ALU instructions over the engines that can run them: each goes to the
+    candidate with the least estimated busy time so far (costs.instr_ns), so VectorE, GpSimdE
+    and ScalarE work side by side instead of queueing on one."""
+
+    def __init__(self, t: Target) -> None:
+        self.t = t
+        self.busy: dict[str, float] = {"dve": 0.0, "pool": 0.0, "act": 0.0}
+
+    def candidates(self, ins: isa.Instr) -> tuple[str, ...]:
+        if isinstance(ins, isa.Activation):
+            return ("act",)
+        if isinstance(ins, isa.TensorCopy):
+            engines = ("dve", "act", "pool")
+        elif isinstance(ins, (isa.TensorTensor, isa.TensorScalar, isa.Select)):
+            engines = ("dve", "pool")
+        else:
+            return (ins.engine,)
+        if self.t.vector_gpsimd_share_sbuf:
+            engines = tuple(e for e in engines if e != "pool")
+        return engines
+
+    def place(self, ins: isa.Instr) -> isa.Instr:
+        options = [replace(ins, engine=e) for e in self.candidates(ins)]
+        best = min(options, key=lambda o: self.busy.get(o.engine, 0.0) + costs.instr_ns(o, self.t))
+        self.busy[best.engine] = self.busy.get(best.engine, 0.0) + costs.instr_ns(best, self.t)
+        return best
 
 
 def _row_tiles_per_step(nodes: Sequence[Node], p: RowPlan) -> int:
@@ -306,7 +337,7 @@ def _value(nodes: Sequence[Node], vid: int) -> Value:
 
 
 def _emit_tile(
-    ctx, nodes, p, slots, slot_pools, row_pool, extra_pool, consts, escaping, r0, rp, c0, f
+    ctx, nodes, p, slots, slot_pools, row_pool, extra_pool, consts, escaping, balance, r0, rp, c0, f
 ):
     """One [rp rows, f columns] step of the kernel: load, compute every node, store."""
     b = ctx.b
@@ -362,7 +393,7 @@ def _emit_tile(
             if acc is not dst:
                 b.emit(isa.TensorCopy("dve", dst=dst, src=acc))
         else:
-            b.emit(_compute_instr(n, dst, srcs))
+            b.emit(balance.place(_compute_instr(n, dst, srcs)))
         tiles[n.out.id] = dst
         if n.out.id in escaping_ids:
             store(n.out, dst)

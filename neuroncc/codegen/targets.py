@@ -25,8 +25,10 @@ class Target(BaseModel):
     vector_ghz: float = Field(gt=0)
     scalar_ghz: float = Field(gt=0)
     gpsimd_ghz: float = Field(gt=0)
-    # Elements per cycle per partition lane for fp32 operands; VectorE has a bf16/fp16 "perf
-    # mode" on trn2/trn3 (datapath rows). Expressed as multipliers on the 1-per-lane baseline.
+    # Datapath rows of 1a, as elements per cycle per partition lane: VectorE for fp32 (and
+    # other non-16-bit dtypes), and the bf16/fp16 "perf mode" multiplier on top of that;
+    # ScalarE's 16-bit multiplier. GpSimdE moves 1 element per lane per cycle throughout.
+    vector_elems_per_lane: float = Field(default=1.0, ge=1)
     vector_lowp_speedup: float = Field(ge=1)
     scalar_lowp_speedup: float = Field(ge=1)
     # Memories.
@@ -45,6 +47,9 @@ class Target(BaseModel):
     # against the identity, where an inf or NaN anywhere in the tile spreads (inf * 0 = NaN),
     # so codegen transposes on TensorE only where the target has the exact mode.
     pe_exact_transpose: bool = False
+    # NC-v2: "VectorE and GpSimdE cannot access SBUF at the same time" (1c), so moving ALU
+    # work from one to the other gains nothing there; NC-v3 lifts it.
+    vector_gpsimd_share_sbuf: bool = False
     # TensorE warm-up throttling (1c, Neuron Explorer "Understanding throttling"): the array
     # starts at `pe_throttle_start` of full rate and ramps to full over `pe_throttle_ramp_ns` of
     # busy time; the limit returns when utilisation falls below 50% over that window.
@@ -98,6 +103,7 @@ TRN1 = Target(
     # partition is overhead-bound, >= 4 KiB saturates", to the NKI matmul tutorial's
     # published latencies (section 3); tools/calibrate.py reproduces them.
     dma_descriptor_ns=75.0,
+    vector_gpsimd_share_sbuf=True,
 )
 
 TRN2 = Target(
@@ -106,7 +112,8 @@ TRN2 = Target(
     vector_ghz=0.96,
     scalar_ghz=1.2,
     gpsimd_ghz=1.2,
-    vector_lowp_speedup=2.0,  # 512/cycle bf16 vs 256/cycle other dtypes
+    vector_elems_per_lane=2.0,  # 256/cycle for fp32 and other dtypes
+    vector_lowp_speedup=2.0,  # 512/cycle bf16
     scalar_lowp_speedup=1.0,
     sbuf_partition_bytes=224 * KIB,  # 28 MiB = 128 x 224 KiB
     hbm_bytes=24 * GIB,  # LNC=2 logical core: 24 GiB [derived]
@@ -125,7 +132,8 @@ TRN3 = Target(
     vector_ghz=1.2,
     scalar_ghz=1.2,
     gpsimd_ghz=1.2,
-    vector_lowp_speedup=2.0,  # 512/cycle bf16/fp16/fp8 vs 256 others
+    vector_elems_per_lane=2.0,  # 256/cycle for fp32 and other dtypes
+    vector_lowp_speedup=2.0,  # 512/cycle bf16/fp16/fp8
     scalar_lowp_speedup=2.0,  # 256/cycle bf16/fp16/fp8 vs 128 others
     sbuf_partition_bytes=256 * KIB,  # 32 MiB = 128 x 256 KiB
     hbm_bytes=18 * GIB,  # 144 GiB / 8 cores [derived]
