@@ -39,10 +39,11 @@ class DmaWork:
     run_bytes: int
     payload: int
 
-    def engine_ns(self, descriptors: int, t: Target) -> float:
-        """Time one engine spends on `descriptors` of these runs (Note [dma efficiency])."""
+    def engine_ns(self, descriptors: int, t: Target, engines: int = 1) -> float:
+        """Time one of `engines` engines moving this DMA spends on `descriptors` of its runs
+        (Note [dma efficiency]); together the engines get at most the HBM bandwidth."""
         burst = max(self.run_bytes, t.dma_min_burst_bytes)
-        per_engine_gbps = min(t.dma_engine_gbps, t.hbm_gbps / t.dma_engines)
+        per_engine_gbps = min(t.dma_engine_gbps, t.hbm_gbps / max(engines, 1))
         return descriptors * (t.dma_descriptor_ns + burst / per_engine_gbps)
 
     def ideal_ns(self, t: Target) -> float:
@@ -84,7 +85,7 @@ def dma_ns(nbytes: int, run_bytes: int, t: Target, engines: int = 1) -> float:
     """A transfer of nbytes in runs of run_bytes, alone on `engines` DMA engines."""
     work = DmaWork(math.ceil(nbytes / run_bytes), run_bytes, nbytes)
     per_engine = math.ceil(work.descriptors / engines)
-    return work.engine_ns(per_engine, t)
+    return work.engine_ns(per_engine, t, engines)
 
 
 def _vector_cycles(n: int, per_elem: float, t: Target, lowp: bool, engine: str = "dve") -> float:
@@ -116,6 +117,9 @@ def _cycles(ins: isa.Instr, t: Target) -> float:
         # a per-partition scalar operand streams like tensor_scalar, max(64, N).
         lowp = ins.a.dtype in _LOW_PRECISION and ins.b.dtype in _LOW_PRECISION
         scalar = ins.dst.free_elems not in (1,) and 1 in (ins.a.free_elems, ins.b.free_elems)
+        if ins.engine == "act":  # an activation with a per-partition scale or bias operand
+            speed = t.scalar_lowp_speedup if lowp else 1.0
+            return t.access_overhead_cycles + max(t.min_ii_cycles, ins.dst.free_elems / speed)
         per_elem = 1.0 if lowp or scalar or "psum" in (ins.a.mem, ins.b.mem) else 2.0
         return _vector_cycles(ins.dst.free_elems, per_elem, t, lowp, ins.engine)
     if isinstance(ins, isa.TensorReduce):

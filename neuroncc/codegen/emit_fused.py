@@ -164,16 +164,31 @@ def plan(nodes: Sequence[Node], target: Target) -> RowPlan | None:
     return p
 
 
-def _sbuf_bytes(nodes: Sequence[Node], p: RowPlan) -> int:
-    """Per-partition SBUF the kernel needs: double-buffered slots for the full values live at
-    once, one tile per col value, small tiles for row values."""
+def _values_per_slot(nodes: Sequence[Node], p: RowPlan) -> list[int]:
+    slots = _assign_slots(nodes, p)
+    per_slot = [0] * (max(slots.values(), default=-1) + 1)
+    for s in slots.values():
+        per_slot[s] += 1
+    return per_slot
+
+
+def _sbuf_bytes(nodes: Sequence[Node], p: RowPlan, rounds: int = 2) -> int:
+    """Per-partition SBUF the kernel needs: `rounds` row steps of every slot's values (so steps
+    overlap), one tile per col value and constant, small tiles for row values."""
     itemsize = max(v.type.dtype.itemsize for n in nodes for v in (*n.inputs, n.out))
-    row_bytes = p.cols * itemsize
-    slots = max(_slot_count(nodes, p), 1)
+    row_bytes = (p.cols if not p.flat else min(p.cols, COLUMN_CHUNK_BYTES // itemsize)) * itemsize
+    full = sum(_values_per_slot(nodes, p)) * rounds * row_bytes
     cols = sum(1 for c in p.kind.values() if c in ("col", "const_full"))
     rows = sum(1 for c in p.kind.values() if c in ("row", "bcast", "scalar", "const_row"))
     extra = 2 * row_bytes if "bcast" in p.kind.values() else 0
-    return 2 * slots * row_bytes + cols * row_bytes + 2 * rows * 64 + extra
+    return full + cols * row_bytes + 2 * rows * 64 + extra
+
+
+def rounds_in_flight(nodes: Sequence[Node], p: RowPlan, t: Target) -> int:
+    """Row steps whose tiles coexist: three (load, compute and store of successive steps all
+    overlap) where SBUF allows, else two (double buffering)."""
+    budget = SBUF_SHARE * t.sbuf_partition_bytes
+    return 3 if _sbuf_bytes(nodes, p, 3) <= budget else 2
 
 
 def _last_uses(nodes: Sequence[Node]) -> dict[int, int]:
@@ -239,13 +254,13 @@ def emit_fused(ctx: EmitCtx, nodes: Sequence[Node]) -> None:
     itemsize = max(v.type.dtype.itemsize for n in nodes for v in (*n.inputs, n.out))
     chunk = p.cols if not p.flat else max(1, min(p.cols, COLUMN_CHUNK_BYTES // itemsize))
     slots = _assign_slots(nodes, p)
-    # Pools hold two rounds of what one row step allocates, so step i+1 loads while step i
-    # computes (double buffering) and no value is overwritten while live.
-    per_slot = [0] * (max(slots.values(), default=-1) + 1)
-    for s in slots.values():
-        per_slot[s] += 1
-    slot_pools = [b.sbuf_pool(chunk * itemsize, bufs=2 * n) for n in per_slot]
-    row_pool = b.sbuf_pool(64, bufs=2 * max(1, _row_tiles_per_step(nodes, p)))
+    # Pools hold two or three rounds of what one row step allocates, so step i+1 loads while
+    # step i computes and no value is overwritten while live.
+    rounds = rounds_in_flight(nodes, p, ctx.target)
+    slot_pools = [
+        b.sbuf_pool(chunk * itemsize, bufs=rounds * n) for n in _values_per_slot(nodes, p)
+    ]
+    row_pool = b.sbuf_pool(64, bufs=rounds * max(1, _row_tiles_per_step(nodes, p)))
     # Where an escaping broadcast is materialised before it is stored.
     extra_pool = b.sbuf_pool(chunk * itemsize, bufs=2) if "bcast" in p.kind.values() else None
     # Values the same for every row step, made once: col rows and scalars loaded from HBM
@@ -301,9 +316,10 @@ class EngineBalancer:
     def candidates(self, ins: isa.Instr) -> tuple[str, ...]:
         if isinstance(ins, isa.Activation):
             return ("act",)
-        if isinstance(ins, isa.TensorCopy):
+        if isinstance(ins, (isa.TensorCopy, isa.TensorScalar)) or _scalar_affine(ins):
+            # ScalarE applies a per-partition scale or bias as part of an activation.
             engines = ("dve", "act", "pool")
-        elif isinstance(ins, (isa.TensorTensor, isa.TensorScalar, isa.Select)):
+        elif isinstance(ins, (isa.TensorTensor, isa.Select, isa.TensorReduce)):
             engines = ("dve", "pool")
         else:
             return (ins.engine,)
@@ -316,6 +332,18 @@ class EngineBalancer:
         best = min(options, key=lambda o: self.busy.get(o.engine, 0.0) + costs.instr_ns(o, self.t))
         self.busy[best.engine] = self.busy.get(best.engine, 0.0) + costs.instr_ns(best, self.t)
         return best
+
+
+def _scalar_affine(ins: isa.Instr) -> bool:
+    """x (+-*) a per-partition scalar: what an activation's scale/bias operand computes."""
+    return (
+        isinstance(ins, isa.TensorTensor)
+        and ins.op in ("add", "sub", "mul")
+        and ins.dst.free_elems > 1
+        and ins.b.free_elems == 1
+        and ins.a.free_elems == ins.dst.free_elems
+        and ins.dst.dtype.is_float
+    )
 
 
 def _row_tiles_per_step(nodes: Sequence[Node], p: RowPlan) -> int:

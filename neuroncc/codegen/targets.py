@@ -116,8 +116,10 @@ TRN2 = Target(
     vector_lowp_speedup=2.0,  # 512/cycle bf16
     scalar_lowp_speedup=1.0,
     sbuf_partition_bytes=224 * KIB,  # 28 MiB = 128 x 224 KiB
-    hbm_bytes=24 * GIB,  # LNC=2 logical core: 24 GiB [derived]
-    hbm_gbps=725.0,  # LNC=2 logical core [derived]
+    # One physical NeuronCore-v3, like every other figure here (one TensorE, 16 DMA engines):
+    # 96 GiB and 2.9 TB/s over 8 cores [derived]. An LNC=2 logical core is two of these.
+    hbm_bytes=12 * GIB,
+    hbm_gbps=362.0,
     # 27.2 GB/s theoretical per engine (nki-dma-overview); with 26 ns per descriptor a 32 KiB
     # transfer of 8 partition rows x 4 KiB takes the measured 1416 ns on one engine (1c).
     dma_engine_gbps=27.2,

@@ -159,7 +159,7 @@ class _Scheduler:
         start, end = float("inf"), t0
         for k in range(engines):
             timeline = self.dma_engines[(self.next_engine + k) % len(self.dma_engines)]
-            dur = work.engine_ns(base + (k < extra), self.t)
+            dur = work.engine_ns(base + (k < extra), self.t, engines)
             s = timeline.place(t0, dur)
             start, end = min(start, s), max(end, s + dur)
             self.dma_engine_ns += dur

@@ -131,6 +131,6 @@ def test_capacity_errors_name_the_sizes():
     ):
         pb.sbuf_pool(300 * 1024, bufs=1)
     with pytest.raises(
-        CodegenError, match=r"tensors do not fit in HBM: 32.00 GiB needed .* trn2 has 24 GiB"
+        CodegenError, match=r"tensors do not fit in HBM: 32.00 GiB needed .* trn2 has 12 GiB"
     ):
         pb.dram("huge", (8, 2**30), F32)

@@ -47,11 +47,13 @@ def test_blocked_gemm_is_compute_bound_near_the_roofline(tutorial):
 
 def test_dma_32kib_on_one_trn2_engine_takes_about_1416ns():
     assert calibrate.dma_32kib_one_engine_ns("trn2") == pytest.approx(1416, rel=0.15)
-    # The docs' example: a 128x1024 fp32 load is 16 such transfers, one per engine, in parallel.
+    # The docs' example: a 128x1024 fp32 load is 16 such transfers, one per engine, in parallel;
+    # together they are held to the core's HBM bandwidth.
     kb = KernelBuilder("trn2")
     a = kb.hbm("a", (128, 1024), F32)
     kb.load(kb.sbuf((128, 1024), F32), a[:, :])
-    assert time_executable(kb.finish(), TRN2).device_ns == pytest.approx(1416, rel=0.15)
+    hbm_bound = 128 * 1024 * 4 / TRN2.hbm_gbps
+    assert hbm_bound <= time_executable(kb.finish(), TRN2).device_ns <= 1.2 * max(hbm_bound, 1416)
 
 
 def test_dependent_tiny_scalar_instructions_run_one_per_189ns_on_trn1():
