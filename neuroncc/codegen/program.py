@@ -15,7 +15,7 @@ from typing import Any
 from neuroncc.codegen import isa
 from neuroncc.ir.types import DType
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: Matmul.transpose
 
 
 @dataclass(frozen=True)
