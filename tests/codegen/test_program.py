@@ -45,7 +45,7 @@ def test_loading_rejects_other_versions_and_unknown_instructions():
 
 def test_listing_shows_kernels_engines_and_waits():
     text = listing(_exe())
-    assert text.startswith("executable @main  target=trn2  format=v1")
+    assert text.startswith("executable @main  target=trn2  format=v2")
     assert "kernel matmul." in text and "kernel tanh." in text
     assert " pe   matmul " in text and " act  activation " in text
     assert "waits " in text
