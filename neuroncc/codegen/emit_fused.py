@@ -314,12 +314,13 @@ class EngineBalancer:
         self.busy: dict[str, float] = {"dve": 0.0, "pool": 0.0, "act": 0.0}
 
     def candidates(self, ins: isa.Instr) -> tuple[str, ...]:
+        # Reductions stay on VectorE, the fastest at them: they sit on each row's critical path.
         if isinstance(ins, isa.Activation):
             return ("act",)
         if isinstance(ins, (isa.TensorCopy, isa.TensorScalar)) or _scalar_affine(ins):
             # ScalarE applies a per-partition scale or bias as part of an activation.
             engines = ("dve", "act", "pool")
-        elif isinstance(ins, (isa.TensorTensor, isa.Select, isa.TensorReduce)):
+        elif isinstance(ins, (isa.TensorTensor, isa.Select)):
             engines = ("dve", "pool")
         else:
             return (ins.engine,)
