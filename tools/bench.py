@@ -3,6 +3,7 @@
     python tools/bench.py                    # every workload, table + bench.json
     python tools/bench.py --quick            # tiny shapes (what the tests run)
     python tools/bench.py --only gemm,softmax --json out.json
+    python tools/bench.py --timing-only      # no numerics: fast, but no simulator wall time
 
 Per workload, at opt_level 2: simulated device time, the roofline bound and the fraction of it
 achieved, MFU, HBM bytes at opt_level 2 vs 0, neuroncc's compile wall time and Inductor's on the
@@ -161,12 +162,13 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def _neuroncc(w: Workload, quick: bool, level: int):
+def _neuroncc(w: Workload, quick: bool, level: int, timing_only: bool = False):
     fn, inputs = w.make(quick)
     if w.backward:
         inputs = [x.requires_grad_() for x in inputs]
     torch._dynamo.reset()
-    compiled = torch.compile(fn, backend="neuron", options={"opt_level": level, "target": w.target})
+    options = {"opt_level": level, "target": w.target, "timing_only": timing_only}
+    compiled = torch.compile(fn, backend="neuron", options=options)
     first = _timed(lambda: _call(compiled, inputs, w.backward))
     neuroncc.reset_stats()
     second = _timed(lambda: _call(compiled, inputs, w.backward))
@@ -188,9 +190,9 @@ def _inductor_compile_s(fn, inputs, backward: bool) -> float | None:
         return None
 
 
-def run_workload(w: Workload, quick: bool, inductor: bool = True) -> Row:
-    s2, compile_s, sim_s, fn, inputs = _neuroncc(w, quick, 2)
-    s0 = _neuroncc(w, quick, 0)[0]
+def run_workload(w: Workload, quick: bool, inductor: bool = True, timing_only: bool = False) -> Row:
+    s2, compile_s, sim_s, fn, inputs = _neuroncc(w, quick, 2, timing_only)
+    s0 = _neuroncc(w, quick, 0, timing_only)[0]
     eager_s = _timed(lambda: _call(fn, inputs, w.backward))
     ind = _inductor_compile_s(fn, inputs, w.backward) if inductor else None
     device = s2["device_seconds"]
@@ -205,7 +207,7 @@ def run_workload(w: Workload, quick: bool, inductor: bool = True) -> Row:
         s0["hbm_bytes"] / 1e6,
         compile_s,
         ind,
-        sim_s,
+        None if timing_only else sim_s,
         eager_s,
     )
 
@@ -270,6 +272,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny shapes")
     p.add_argument("--only", help="comma-separated workload names (substring match)")
     p.add_argument("--no-inductor", action="store_true", help="skip Inductor's compile times")
+    p.add_argument(
+        "--timing-only",
+        action="store_true",
+        help="time the compiled programs without simulating them (no sim/eager column)",
+    )
     p.add_argument("--json", default="bench.json", help="write the rows here")
     args = p.parse_args(argv)
     wanted = args.only.split(",") if args.only else None
@@ -280,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     for w in WORKLOADS:
         if wanted and not any(s in w.name for s in wanted):
             continue
-        rows.append(run_workload(w, args.quick, not args.no_inductor))
+        rows.append(run_workload(w, args.quick, not args.no_inductor, args.timing_only))
         print(f"  {w.name}: {rows[-1].device_us:.1f} us", flush=True)
     print_table(rows)
     with open(args.json, "w") as f:
