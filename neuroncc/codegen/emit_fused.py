@@ -159,7 +159,7 @@ def plan(nodes: Sequence[Node], target: Target) -> RowPlan | None:
     if flat:
         rows, cols = row_view(rows * cols)
     p = RowPlan(full, k, rows, cols, kind, flat)
-    if not flat and _sbuf_bytes(nodes, p) > SBUF_SHARE * target.sbuf_partition_bytes:
+    if _sbuf_bytes(nodes, p) > SBUF_SHARE * target.sbuf_partition_bytes:
         return None
     return p
 
@@ -181,7 +181,7 @@ def _sbuf_bytes(nodes: Sequence[Node], p: RowPlan, rounds: int = 2) -> int:
     cols = sum(1 for c in p.kind.values() if c in ("col", "const_full"))
     rows = sum(1 for c in p.kind.values() if c in ("row", "bcast", "scalar", "const_row"))
     extra = 2 * row_bytes if "bcast" in p.kind.values() else 0
-    return full + cols * row_bytes + 2 * rows * 64 + extra
+    return full + cols * row_bytes + rounds * 2 * rows * 64 + extra
 
 
 def rounds_in_flight(nodes: Sequence[Node], p: RowPlan, t: Target) -> int:
@@ -267,18 +267,25 @@ def emit_fused(ctx: EmitCtx, nodes: Sequence[Node]) -> None:
     # with partition stride 0, constants memset.
     external = [vid for vid, c in p.kind.items() if vid not in defined and c in ("col", "scalar")]
     made = [n for n in nodes if n.op == Op.FULL]
-    const_pool = b.sbuf_pool(chunk * itemsize, bufs=max(1, len(external) + len(made)))
+    wide = {vid for vid, c in p.kind.items() if c in ("col", "const_full")}
+    n_wide = sum(1 for v in external if v in wide) + sum(1 for n in made if n.out.id in wide)
+    wide_pool = b.sbuf_pool(chunk * itemsize, bufs=max(1, n_wide))
+    narrow_pool = b.sbuf_pool(64, bufs=max(1, len(external) + len(made) - n_wide))
     consts: dict[int, isa.TileRef] = {}
     first_p = min(P, p.rows)
+
+    def const_tile(vid: int, dtype: DType) -> isa.TileRef:
+        if vid in wide:
+            return wide_pool.tile(first_p, (chunk,), dtype)
+        return narrow_pool.tile(first_p, (1,), dtype)
+
     for vid in external:
         v = _value(nodes, vid)
-        width = chunk if p.kind[vid] == "col" else 1
-        t = const_pool.tile(first_p, (width,), v.type.dtype)
-        b.dma(t, isa.DramRef(ctx.buf(v), 0, v.type.dtype, ((0, first_p), (1, width))))
+        t = const_tile(vid, v.type.dtype)
+        b.dma(t, isa.DramRef(ctx.buf(v), 0, v.type.dtype, ((0, first_p), (1, t.free_elems))))
         consts[vid] = t
     for n in made:
-        width = chunk if p.kind[n.out.id] == "const_full" else 1
-        t = const_pool.tile(first_p, (width,), n.out.type.dtype)
+        t = const_tile(n.out.id, n.out.type.dtype)
         b.emit(isa.Memset("pool", dst=t, value=float(n.attr("value"))))
         consts[n.out.id] = t
     balance = EngineBalancer(ctx.target)
