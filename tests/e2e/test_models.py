@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import neuroncc
-from neuroncc.codegen.program import Executable
+from neuroncc.codegen.program import FORMAT_VERSION, Executable
 from neuroncc.examples import GPTConfig, TinyGPT, example_batch
 from neuroncc.runtime import executor
 from neuroncc.runtime.cache import GRAPH_CACHE
@@ -258,7 +258,7 @@ def test_dump_dir_writes_every_stage(fresh, tmp_path):
     ]
     assert "gelu" in (folder / "01-nir.txt").read_text()
     exe = Executable.from_json((folder / "program.json").read_text())
-    assert exe.target == "trn2" and json.loads(exe.to_json())["version"] == 1
+    assert exe.target == "trn2" and json.loads(exe.to_json())["version"] == FORMAT_VERSION
 
 
 def test_bf16_model_runs(fresh):
