@@ -364,6 +364,13 @@ def _row_tiles_per_step(nodes: Sequence[Node], p: RowPlan) -> int:
     return count
 
 
+def _fit(const: isa.TileRef, rp: int, f: int) -> isa.TileRef:
+    """A constant tile seen by one step: its first rp partitions, and for a full-width one its
+    first f columns (the last column chunk of a flat kernel can be narrower)."""
+    t = const.rows(rp)
+    return t.cols(0, f) if t.free_elems > 1 and t.free_elems != f else t
+
+
 def _value(nodes: Sequence[Node], vid: int) -> Value:
     for n in nodes:
         for v in (*n.inputs, n.out):
@@ -385,7 +392,7 @@ def _emit_tile(
             return tiles[v.id]
         c = p.kind[v.id]
         if c in ("col", "scalar", "const_full", "const_row"):
-            t = consts[v.id].rows(rp)
+            t = _fit(consts[v.id], rp, f)
         elif c == "full":
             t = slot_pools[slots[v.id]].tile(rp, (f,), v.type.dtype)
             b.dma(t, rect(ctx.buf(v), v.type.dtype, r0 * p.cols + c0, p.cols, rp, f))
@@ -413,7 +420,7 @@ def _emit_tile(
         if n.op in (Op.BROADCAST, Op.RESHAPE, Op.FULL):
             # Read as a per-partition scalar, a col row or a constant tile: nothing to compute.
             src = consts[n.out.id] if n.op == Op.FULL else tile_of(n.inputs[0])
-            tiles[n.out.id] = src.rows(rp) if n.op == Op.FULL else src
+            tiles[n.out.id] = _fit(src, rp, f) if n.op == Op.FULL else src
             if n.out.id in escaping_ids:
                 store(n.out, tiles[n.out.id])
             continue

@@ -108,3 +108,15 @@ def test_fusing_softmax_makes_it_faster_on_the_model():
     unfused = time_executable(emit_graph(g, TRN2), TRN2).device_ns
     fused = time_executable(emit_graph(Fuse().run(g, CTX), TRN2), TRN2).device_ns
     assert fused < unfused / 3
+
+
+def test_flat_kernel_with_a_constant_and_a_narrow_last_chunk():
+    b = GraphBuilder()
+    x = b.input(TensorType((128, 3072), DType.F32))  # flat: 2048-column chunks, then 1024
+    two = b.op(Op.FULL, shape=(128, 3072), value=2.0, dtype=DType.F32)
+    g = b.build([b.op(Op.EXP, b.op(Op.MUL, x, two))])
+    fused = Fuse().run(g, CTX)
+    assert fused.kernels
+    xs = np.random.default_rng(0).standard_normal((128, 3072)).astype(np.float32)
+    (got,) = run(emit_graph(fused, TRN2), [xs], TRN2)
+    np.testing.assert_allclose(got, interpret(g, [xs])[0], rtol=1e-6)
