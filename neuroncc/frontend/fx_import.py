@@ -19,7 +19,13 @@ import torch
 import torch.fx
 
 from neuroncc.errors import UnsupportedError
-from neuroncc.frontend import lower_index, lower_nn, lower_pointwise, lower_tensor  # noqa: F401 (register)
+from neuroncc.frontend import (  # noqa: F401 (register the lowerings)
+    lower_index,
+    lower_nn,
+    lower_pointwise,
+    lower_scan,
+    lower_tensor,
+)
 from neuroncc.frontend.registry import LOWERINGS, LowerCtx, fake_type
 from neuroncc.ir.graph import Graph, GraphBuilder, Value
 from neuroncc.ir.types import DType, TensorType
