@@ -18,10 +18,8 @@ so an executable's profile is computed once and reused for every execution.
 from __future__ import annotations
 
 import bisect
-import json
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from neuroncc.codegen import costs, isa
 from neuroncc.codegen.program import Executable
@@ -322,9 +320,3 @@ def trace_events(exe: Executable, t: Target, pid: int = 0) -> dict:
             }
         )
     return {"traceEvents": events, "displayTimeUnit": "ns"}
-
-
-def write_trace(path: str | Path, exe: Executable, t: Target) -> Path:
-    path = Path(path)
-    path.write_text(json.dumps(trace_events(exe, t)))
-    return path
