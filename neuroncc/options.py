@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from neuroncc.errors import OptionsError
 
@@ -22,7 +22,12 @@ ENV_VARS = {
     "opt_level": "NEURONCC_OPT_LEVEL",
     "cache_dir": "NEURONCC_CACHE_DIR",
     "dump_dir": "NEURONCC_DUMP_DIR",
+    "disk_cache": "NEURONCC_DISK_CACHE",
+    "cache_max_bytes": "NEURONCC_CACHE_MAX_BYTES",
 }
+_INT_OPTIONS = ("opt_level", "cache_max_bytes")
+# Options that change where and whether compiled graphs are kept or shown, never what they are.
+_NOT_IN_KEY = {"dump_dir", "cache_dir", "disk_cache", "cache_max_bytes", "timing_only"}
 
 # Features named by the public surface that this version does not implement yet. Asking for
 # them is an error rather than a silent no-op.
@@ -39,7 +44,11 @@ class CompileOptions(BaseModel):
     auto_cast: Literal["matmul"] | None = None
     fallback: bool = True
     dump_dir: str | None = None
+    # The persistent compile cache (runtime/disk_cache.py): on by default, in cache_dir or the
+    # per-user cache directory; cache_max_bytes caps it (least recently used entries go).
+    disk_cache: bool = True
     cache_dir: str | None = None
+    cache_max_bytes: int | None = Field(default=None, gt=0)
     # Time the compiled programs without simulating them; outputs come from PyTorch eager.
     # For estimating models too big to simulate; every such execution is counted in stats().
     timing_only: bool = False
@@ -53,7 +62,7 @@ class CompileOptions(BaseModel):
         for key, var in ENV_VARS.items():
             if environ.get(var):
                 raw = environ[var]
-                values[key] = int(raw) if key == "opt_level" and raw.isdigit() else raw
+                values[key] = int(raw) if key in _INT_OPTIONS and raw.isdigit() else raw
         values.update(options or {})
         unknown = sorted(set(values) - set(cls.model_fields))
         if unknown:
@@ -67,16 +76,11 @@ class CompileOptions(BaseModel):
         for (key, value), why in NOT_YET.items():
             if key in values and getattr(opts, key) == value:
                 raise OptionsError(why)
-        if opts.cache_dir is not None:
-            raise OptionsError(
-                "cache_dir (the persistent compile cache) is not implemented yet; "
-                "graphs are cached in memory for the process"
-            )
         return opts
 
     def cache_key(self) -> str:
         """A digest of every option that can change the compiled executable."""
-        relevant = self.model_dump(exclude={"dump_dir", "cache_dir", "timing_only"})
+        relevant = self.model_dump(exclude=_NOT_IN_KEY)
         return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -13,6 +13,15 @@ settings.register_profile("dev", max_examples=200, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+@pytest.fixture(autouse=True)
+def private_disk_cache(tmp_path_factory, monkeypatch):
+    """Each test has its own empty persistent cache: none sees another's compiles, and none
+    touches the user's cache directory."""
+    root = tmp_path_factory.mktemp("neuroncc-cache")
+    monkeypatch.setenv("NEURONCC_CACHE_DIR", str(root))
+    return root
+
+
 @pytest.fixture
 def fresh():
     """Empty graph cache, zeroed stats and a reset Dynamo: each test compiles from scratch."""

@@ -2,20 +2,24 @@
 
 An Executable serialises to JSON and back with no pickle and no code: `from_json` only builds
 the dataclasses named in isa.INSTRUCTIONS from field values, and rejects anything else.
+The form is compact because loading it is what a persistent-cache hit costs (see _Codec).
 FORMAT_VERSION changes whenever the meaning of a field changes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from neuroncc.codegen import isa
 from neuroncc.ir.types import DType
 
-FORMAT_VERSION = 2  # 2: Matmul.transpose
+FORMAT_VERSION = 3  # 2: Matmul.transpose; 3: interned operands, positional rows
 
 
 @dataclass(frozen=True)
@@ -73,11 +77,23 @@ class Executable:
         raise KeyError(name)
 
     def to_json(self) -> str:
-        return json.dumps(_encode(self), separators=(",", ":"))
+        return json.dumps(self.to_data(), separators=(",", ":"))
+
+    def to_data(self) -> dict:
+        """Plain JSON-able data (what to_json writes)."""
+        return _encode_executable(self)
 
     @staticmethod
     def from_json(text: str) -> Executable:
-        data = json.loads(text)
+        with _no_gc():
+            return Executable.from_data(json.loads(text))
+
+    @staticmethod
+    def from_data(data: Any) -> Executable:
+        """The inverse of to_data; ValueError (TypeError for a non-object) for anything that is
+        not a valid executable."""
+        if not isinstance(data, dict):
+            raise TypeError("an executable is a JSON object")
         if data.get("version") != FORMAT_VERSION:
             raise ValueError(
                 f"executable format version {data.get('version')} is not {FORMAT_VERSION}"
@@ -85,70 +101,114 @@ class Executable:
         return _decode_executable(data)
 
 
-def _encode(obj: Any) -> Any:
-    if isinstance(obj, DType):
-        return obj.value
-    if isinstance(obj, isa.Instr):
-        d = {f.name: _encode(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-        return {"opcode": obj.opcode, **d}
-    if isinstance(obj, (isa.TileRef, isa.DramRef)):
-        kind = "tile" if isinstance(obj, isa.TileRef) else "dram"
-        return {
-            "ref": kind,
-            **{f.name: _encode(getattr(obj, f.name)) for f in dataclasses.fields(obj)},
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """Loading builds many small containers, each allocation of which can trigger a full
+    collection of the (large) heap of a process running PyTorch: 5x the decode time."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+class _Codec:
+    """The compact JSON form of an instruction stream, fast to load (a cache hit decodes it).
+
+    Operands are interned in one table (a kernel names the same tiles over and over); an
+    instruction is a row [opcode, engine, deps, field...] with its fields in declaration order
+    and operand fields as indexes into the table.
+    """
+
+    OPERAND_TYPES = ("Operand", "TileRef", "DramRef")
+
+    def __init__(self) -> None:
+        self.fields = {
+            opcode: [(f.name, f.type in self.OPERAND_TYPES) for f in _own_fields(cls)]
+            for opcode, cls in isa.INSTRUCTIONS.items()
         }
-    if dataclasses.is_dataclass(obj):
-        return {f.name: _encode(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, (tuple, list)):
-        return [_encode(v) for v in obj]
-    return obj
+
+    def encode(self, instructions: tuple[isa.Instr, ...]) -> tuple[list, list]:
+        table: dict[isa.Operand, int] = {}
+        rows = []
+        for ins in instructions:
+            row: list[Any] = [ins.opcode, ins.engine, list(ins.deps)]
+            for name, is_operand in self.fields[ins.opcode]:
+                value = getattr(ins, name)
+                row.append(table.setdefault(value, len(table)) if is_operand else value)
+            rows.append(row)
+        return [_encode_ref(r) for r in table], rows
+
+    def decode(self, operands: list, rows: list) -> tuple[isa.Instr, ...]:
+        table = [_decode_ref(r) for r in operands]
+        out = []
+        for row in rows:
+            opcode = row[0]
+            spec = self.fields.get(opcode)
+            if spec is None:
+                raise ValueError(f"unknown instruction {opcode!r}")
+            if len(row) != 3 + len(spec):
+                names = [name for name, _ in spec]
+                raise ValueError(f"instruction {opcode}: {len(row) - 3} fields, expected {names}")
+            args = [table[v] if is_operand else v for (_, is_operand), v in zip(spec, row[3:])]
+            out.append(isa.INSTRUCTIONS[opcode](row[1], *args, deps=tuple(row[2])))
+        return tuple(out)
 
 
-def _tuple(v: Any) -> Any:
-    return tuple(_tuple(x) for x in v) if isinstance(v, list) else v
+def _own_fields(cls: type) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(cls) if f.name not in ("engine", "deps")]
 
 
-def _decode_ref(d: dict) -> isa.Operand:
-    d = dict(d)
-    kind = d.pop("ref")
-    d["dtype"] = DType(d["dtype"])
-    if kind == "tile":
-        return isa.TileRef(d["mem"], d["p0"], d["np"], d["offset"], d["dtype"], _tuple(d["free"]))
-    if kind == "dram":
-        return isa.DramRef(d["buffer"], d["offset"], d["dtype"], _tuple(d["dims"]))
-    raise ValueError(f"unknown operand kind {kind!r}")
+def _encode_ref(ref: isa.Operand) -> list:
+    if isinstance(ref, isa.TileRef):
+        return ["tile", ref.mem, ref.p0, ref.np, ref.offset, ref.dtype.value, list(ref.free)]
+    return ["dram", ref.buffer, ref.offset, ref.dtype.value, [list(d) for d in ref.dims]]
 
 
-def _decode_instr(d: dict) -> isa.Instr:
-    d = dict(d)
-    opcode = d.pop("opcode")
-    cls = isa.INSTRUCTIONS.get(opcode)
-    if cls is None:
-        raise ValueError(f"unknown instruction {opcode!r}")
-    names = {f.name for f in dataclasses.fields(cls)}
-    if set(d) != names:
-        raise ValueError(f"instruction {opcode}: fields {sorted(d)} are not {sorted(names)}")
-    args = {k: (_decode_ref(v) if isinstance(v, dict) else _tuple(v)) for k, v in d.items()}
-    return cls(**args)
+def _decode_ref(r: list) -> isa.Operand:
+    if r[0] == "tile":
+        return isa.TileRef(r[1], r[2], r[3], r[4], DType(r[5]), tuple(r[6]))
+    if r[0] == "dram":
+        return isa.DramRef(r[1], r[2], DType(r[3]), tuple(tuple(d) for d in r[4]))
+    raise ValueError(f"unknown operand kind {r[0]!r}")
 
 
-def _decode_loc(d: dict) -> ValueLoc:
-    return ValueLoc(d["buffer"], tuple(d["shape"]), DType(d["dtype"]))
+_CODEC = _Codec()
+
+
+def _encode_executable(exe: Executable) -> dict:
+    operands, rows = _CODEC.encode(exe.instructions)
+    return {
+        "version": exe.version,
+        "name": exe.name,
+        "target": exe.target,
+        "hbm_bytes": exe.hbm_bytes,
+        "buffers": [[b.name, b.kind, b.offset, b.dtype.value, list(b.shape)] for b in exe.buffers],
+        "inputs": [[v.buffer, list(v.shape), v.dtype.value] for v in exe.inputs],
+        "outputs": [[v.buffer, list(v.shape), v.dtype.value] for v in exe.outputs],
+        "kernels": [[k.name, k.start, k.stop] for k in exe.kernels],
+        "operands": operands,
+        "instructions": rows,
+    }
 
 
 def _decode_executable(d: dict) -> Executable:
-    buffers = tuple(
-        Buffer(b["name"], b["kind"], b["offset"], DType(b["dtype"]), tuple(b["shape"]))
-        for b in d["buffers"]
-    )
-    return Executable(
-        name=d["name"],
-        target=d["target"],
-        hbm_bytes=d["hbm_bytes"],
-        buffers=buffers,
-        inputs=tuple(_decode_loc(v) for v in d["inputs"]),
-        outputs=tuple(_decode_loc(v) for v in d["outputs"]),
-        instructions=tuple(_decode_instr(i) for i in d["instructions"]),
-        kernels=tuple(Kernel(k["name"], k["start"], k["stop"]) for k in d["kernels"]),
-        version=d["version"],
-    )
+    try:
+        return Executable(
+            name=d["name"],
+            target=d["target"],
+            hbm_bytes=d["hbm_bytes"],
+            buffers=tuple(
+                Buffer(name, kind, offset, DType(dt), tuple(shape))
+                for name, kind, offset, dt, shape in d["buffers"]
+            ),
+            inputs=tuple(ValueLoc(b, tuple(s), DType(dt)) for b, s, dt in d["inputs"]),
+            outputs=tuple(ValueLoc(b, tuple(s), DType(dt)) for b, s, dt in d["outputs"]),
+            instructions=_CODEC.decode(d["operands"], d["instructions"]),
+            kernels=tuple(Kernel(*k) for k in d["kernels"]),
+            version=d["version"],
+        )
+    except (KeyError, TypeError, IndexError) as e:
+        raise ValueError(f"malformed executable: {type(e).__name__}: {e}") from None

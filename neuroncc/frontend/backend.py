@@ -12,7 +12,6 @@ import functools
 import operator
 import warnings
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -20,20 +19,17 @@ import torch
 from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
 
-from neuroncc import __version__
-from neuroncc.codegen.lower import emit_graph
-from neuroncc.codegen.targets import get_target
 from neuroncc.errors import CapacityError, NeuronccError, UnsupportedError
+from neuroncc.frontend import recording
+from neuroncc.frontend.compile import canonical_text, compile_nir, disk_cache_for, graph_key
 from neuroncc.frontend.decompositions import DECOMPOSITIONS
 from neuroncc.frontend.dump import dump_graph
 from neuroncc.frontend.fx_import import import_fx
 from neuroncc.frontend.partition import find_declined, report_fallback, split_graph
-from neuroncc.ir.printer import print_graph
 from neuroncc.ir.verify import verify
 from neuroncc.options import CompileOptions
-from neuroncc.passes.manager import PassContext, run_pipeline
-from neuroncc.passes.pipelines import default_pipeline
-from neuroncc.runtime.cache import GRAPH_CACHE, cache_key
+from neuroncc.runtime.cache import lookup_or_compile
+from neuroncc.runtime.disk_cache import Entry
 from neuroncc.runtime.executor import CompiledExecutable
 from neuroncc.runtime.stats import STATS
 
@@ -88,22 +84,18 @@ def compile_region(gm: torch.fx.GraphModule, opts: CompileOptions, name: str) ->
     """fx -> nir -> passes -> program for a graph neuroncc supports entirely."""
     imported = import_fx(gm, name)
     g = verify(imported.graph)
-    target = get_target(opts.target)
-    key = cache_key(
-        print_graph(replace(g, name="main")), opts.cache_key(), target.name, __version__
-    )
+    ir_text = canonical_text(g)
+    key = graph_key(ir_text, opts)
+    recording.record_graph(ir_text, opts, key, name)
 
-    def build() -> CompiledExecutable:
-        result = run_pipeline(
-            g, default_pipeline(opts.opt_level), PassContext(target), bool(opts.dump_dir)
-        )
-        compiled = CompiledExecutable(emit_graph(result.graph, target))
+    def compile_entry() -> Entry:
+        compiled = compile_nir(g, opts, name, snapshots=bool(opts.dump_dir))
         if opts.dump_dir:
-            dump_graph(opts.dump_dir, name, gm, g, result.snapshots, compiled.exe)
-        return compiled
+            exe = compiled.entry.executable
+            dump_graph(opts.dump_dir, name, gm, g, compiled.snapshots, exe)
+        return compiled.entry
 
-    compiled, hit = GRAPH_CACHE.get_or_build(key, build)
-    STATS.add("cache_hits_memory" if hit else "compiles")
+    compiled = lookup_or_compile(key, compile_entry, disk_cache_for(opts), name)
     return GraphRunner(
         compiled, imported.input_sources, imported.output_slots, gm if opts.timing_only else None
     )

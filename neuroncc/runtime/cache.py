@@ -1,6 +1,10 @@
-"""The in-memory graph cache: a compiled graph is looked up by a key derived from its canonical
-IR text, the compile options, the target and the versions of neuroncc and the executable format.
-Identical graphs (the repeated blocks of a transformer) share one entry.
+"""The graph caches: a compiled graph is looked up by a key derived from its canonical IR text
+(which holds the input shapes and dtypes), the compile options, the target and the versions of
+neuroncc and the executable format. Identical graphs (the repeated blocks of a transformer)
+share one entry.
+
+`lookup_or_compile` is the one path: the process's memory cache, then the persistent cache on
+disk (disk_cache.py), then a compile, stored in both. Each outcome is counted in stats().
 """
 
 from __future__ import annotations
@@ -8,11 +12,13 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TypeVar
+from dataclasses import replace
 
+from neuroncc import __version__
 from neuroncc.codegen.program import FORMAT_VERSION
-
-T = TypeVar("T")
+from neuroncc.runtime.disk_cache import DiskCache, Entry
+from neuroncc.runtime.executor import CompiledExecutable
+from neuroncc.runtime.stats import STATS
 
 
 def cache_key(ir_text: str, options_key: str, target: str, version: str) -> str:
@@ -30,16 +36,16 @@ class MemoryCache:
         self.capacity = capacity
         self._items: OrderedDict[str, object] = OrderedDict()
 
-    def get_or_build(self, key: str, build: Callable[[], T]) -> tuple[T, bool]:
-        """(value, hit): the cached value for key, building and storing it on a miss."""
+    def get(self, key: str) -> object | None:
         if key in self._items:
             self._items.move_to_end(key)
-            return self._items[key], True  # type: ignore[return-value]
-        value = build()
+            return self._items[key]
+        return None
+
+    def put(self, key: str, value: object) -> None:
         self._items[key] = value
         if len(self._items) > self.capacity:
             self._items.popitem(last=False)
-        return value, False
 
     def clear(self) -> None:
         self._items.clear()
@@ -50,3 +56,38 @@ class MemoryCache:
 
 # The process's graph cache, shared by every torch.compile call (that sharing is its purpose).
 GRAPH_CACHE = MemoryCache()
+
+
+def lookup_or_compile(
+    key: str, compile_entry: Callable[[], Entry], disk: DiskCache | None, name: str
+) -> CompiledExecutable:
+    """The compiled graph for key: from memory, from disk, or compiled by compile_entry (under
+    the key's disk lock, so that processes sharing a cache compile each graph once)."""
+    compiled = GRAPH_CACHE.get(key)
+    if compiled is not None:
+        STATS.add("cache_hits_memory")
+        return compiled  # type: ignore[return-value]
+    if disk is None:
+        entry = compile_entry()
+        STATS.add("compiles")
+        return _remember(key, entry, name)
+    entry = disk.load(key, __version__)
+    if entry is None:
+        with disk.compiling(key):
+            entry = disk.load(key, __version__)  # another process may have compiled it
+            if entry is None:
+                entry = compile_entry()
+                STATS.add("compiles")
+                disk.store(key, entry)
+                return _remember(key, entry, name)
+    STATS.add("cache_hits_disk")
+    return _remember(key, entry, name)
+
+
+def _remember(key: str, entry: Entry, name: str) -> CompiledExecutable:
+    exe = (
+        entry.executable if entry.executable.name == name else replace(entry.executable, name=name)
+    )
+    compiled = CompiledExecutable(exe, entry.profile)
+    GRAPH_CACHE.put(key, compiled)
+    return compiled

@@ -38,10 +38,10 @@ def to_torch(a: np.ndarray) -> torch.Tensor:
 
 
 class CompiledExecutable:
-    def __init__(self, exe: Executable) -> None:
+    def __init__(self, exe: Executable, profile: Profile | None = None) -> None:
         self.exe = exe
         self.target = get_target(exe.target)
-        self._profile: Profile | None = None
+        self._profile = profile
         self._verified = False
 
     @property

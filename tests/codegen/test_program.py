@@ -34,18 +34,22 @@ def test_loading_rejects_other_versions_and_unknown_instructions():
     with pytest.raises(ValueError, match="format version"):
         Executable.from_json(json.dumps(data))
     data = json.loads(_exe().to_json())
-    data["instructions"][0]["opcode"] = "exec_python"
+    data["instructions"][0][0] = "exec_python"
     with pytest.raises(ValueError, match="unknown instruction 'exec_python'"):
         Executable.from_json(json.dumps(data))
     data = json.loads(_exe().to_json())
-    data["instructions"][0]["payload"] = "x"
+    data["instructions"][0].append("x")
     with pytest.raises(ValueError, match="fields"):
+        Executable.from_json(json.dumps(data))
+    data = json.loads(_exe().to_json())
+    data["operands"] = data["operands"][:1]
+    with pytest.raises(ValueError, match="malformed executable"):
         Executable.from_json(json.dumps(data))
 
 
 def test_listing_shows_kernels_engines_and_waits():
     text = listing(_exe())
-    assert text.startswith("executable @main  target=trn2  format=v2")
+    assert text.startswith(f"executable @main  target=trn2  format=v{FORMAT_VERSION}")
     assert "kernel matmul." in text and "kernel tanh." in text
     assert " pe   matmul " in text and " act  activation " in text
     assert "waits " in text

@@ -188,14 +188,14 @@ def test_tensors_too_large_for_hbm_are_an_error_with_sizes(fresh):
         f(torch.ones(1, 4))
 
 
-def test_compiler_failure_falls_back_for_that_graph(fresh, monkeypatch):
+def test_compiler_failure_falls_back_for_that_graph(fresh, monkeypatch, private_disk_cache):
     from neuroncc.errors import CodegenError
-    from neuroncc.frontend import backend
+    from neuroncc.frontend import compile
 
     def broken(g, target):
         raise CodegenError("emitting %3 = exp %2 : f32[3]: injected failure")
 
-    monkeypatch.setattr(backend, "emit_graph", broken)
+    monkeypatch.setattr(compile, "emit_graph", broken)
     x = torch.randn(3)
     with pytest.warns(
         UserWarning, match=r"could not compile graph .* \(stage program\): emitting %3 = exp"
@@ -206,6 +206,7 @@ def test_compiler_failure_falls_back_for_that_graph(fresh, monkeypatch):
     torch._dynamo.reset()
     with pytest.raises(Exception, match="injected failure"):
         torch.compile(lambda x: torch.exp(x) * 2, backend="neuron", options={"fallback": False})(x)
+    assert not list(private_disk_cache.glob("v*/*/*.json"))  # a failure is never cached
 
 
 class _RecordAten(TorchDispatchMode):

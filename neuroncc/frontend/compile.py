@@ -1,0 +1,60 @@
+"""nir -> passes -> program -> profile: the compile step every path shares (the Dynamo backend
+and the warmup workers), and the cache key that names its result.
+
+Nothing here imports torch: a warmup worker compiles manifest entries from their IR text.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+
+from neuroncc import __version__
+from neuroncc.codegen.lower import emit_graph
+from neuroncc.codegen.targets import get_target
+from neuroncc.ir.graph import Graph
+from neuroncc.ir.printer import print_graph
+from neuroncc.options import CompileOptions
+from neuroncc.passes.manager import PassContext, run_pipeline
+from neuroncc.passes.pipelines import default_pipeline
+from neuroncc.runtime.cache import cache_key
+from neuroncc.runtime.disk_cache import DiskCache, Entry, open_cache
+from neuroncc.runtime.timing import time_executable
+
+
+def canonical_text(g: Graph) -> str:
+    """The IR text that keys a graph: its name is not part of what it computes."""
+    return print_graph(replace(g, name="main"))
+
+
+def graph_key(ir_text: str, opts: CompileOptions) -> str:
+    return cache_key(ir_text, opts.cache_key(), opts.target, __version__)
+
+
+@dataclass
+class Compiled:
+    entry: Entry
+    snapshots: list[tuple[str, str]] = field(default_factory=list)  # (pass name, IR text)
+
+
+def compile_nir(g: Graph, opts: CompileOptions, name: str, snapshots: bool = False) -> Compiled:
+    """Run the pipeline of opts.opt_level on g, emit the executable, time it once."""
+    start = time.perf_counter()
+    target = get_target(opts.target)
+    result = run_pipeline(g, default_pipeline(opts.opt_level), PassContext(target), snapshots)
+    exe = emit_graph(replace(result.graph, name=name), target)
+    profile = time_executable(exe, target)
+    meta = {
+        "name": name,
+        "neuroncc": __version__,
+        "target": opts.target,
+        "options": opts.model_dump(include={"target", "opt_level", "auto_cast", "fallback"}),
+        "ir": canonical_text(g),
+        "compile_seconds": time.perf_counter() - start,
+        "created": time.time(),
+    }
+    return Compiled(Entry(exe, profile, meta), result.snapshots)
+
+
+def disk_cache_for(opts: CompileOptions) -> DiskCache | None:
+    return open_cache(opts.cache_dir, opts.cache_max_bytes) if opts.disk_cache else None
