@@ -11,7 +11,7 @@ import copy
 import functools
 import operator
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -80,13 +80,18 @@ class RegionModule(torch.nn.Module):
         return tuple(outs) if self.returns_tuple else outs[0]
 
 
-def compile_region(gm: torch.fx.GraphModule, opts: CompileOptions, name: str) -> GraphRunner:
-    """fx -> nir -> passes -> program for a graph neuroncc supports entirely."""
+def compile_region(
+    gm: torch.fx.GraphModule, opts: CompileOptions, name: str
+) -> Callable[..., list]:
+    """fx -> nir -> passes -> program for a graph neuroncc supports entirely (recorded, when
+    recording; and only recorded, when tracing for warmup)."""
     imported = import_fx(gm, name)
     g = verify(imported.graph)
     ir_text = canonical_text(g)
     key = graph_key(ir_text, opts)
     recording.record_graph(ir_text, opts, key, name)
+    if recording.tracing_only():
+        return lambda *args: list(_as_list(gm(*args)))
 
     def compile_entry() -> Entry:
         compiled = compile_nir(g, opts, name, snapshots=bool(opts.dump_dir))
@@ -212,6 +217,8 @@ class ShapeSpecializer:
         key = self.signature(args)
         fn = self.variants.get(key)
         if fn is None:
+            if not self.variants:
+                recording.record_dynamo(self.gm, list(args), self.opts, self.name)
             name = f"{self.name}_v{len(self.variants)}"
             fn = _aot(self._specialised(args), list(args), self.opts, name)
             self.variants[key] = fn

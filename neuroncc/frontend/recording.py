@@ -3,7 +3,8 @@
 A manifest is a JSON-lines file: a header line {"neuroncc_manifest": 1}, then one entry per
 distinct graph: its canonical IR text (which holds the shapes and dtypes), the options that
 shape its executable, and the cache key it had when recorded. Entries are data; the warmup
-job (warmup.py) compiles them from the IR text.
+job (warmup.py) compiles them from the IR text. Dynamo graphs with symbolic sizes are also
+recorded (as fx_serde data), so that `expand` can trace them at other sizes.
 
 Recording is on inside `with neuroncc.record(path):` or, for a whole process (and the
 processes it starts), with NEURONCC_RECORD=path in the environment (`neuroncc-warmup record`
@@ -15,14 +16,15 @@ only whole lines. Duplicates (the same key recorded twice) are dropped when it i
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import filelock
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from neuroncc.errors import NeuronccError
 from neuroncc.options import CompileOptions
@@ -36,6 +38,8 @@ class ManifestError(NeuronccError):
 
 
 class ManifestEntry(BaseModel):
+    """A graph neuroncc compiled: what `neuroncc-warmup compile` compiles."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: Literal["nir"] = "nir"
@@ -45,7 +49,28 @@ class ManifestEntry(BaseModel):
     ir: str
 
 
+class DynamoEntry(BaseModel):
+    """A Dynamo graph with symbolic sizes (fx_serde.encode_graph), with the sizes of the trial
+    call: what `neuroncc-warmup expand` re-traces at other sizes. graph is None (and why says
+    why) when the graph holds something fx_serde cannot encode."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["dynamo"]
+    key: str
+    name: str
+    options: dict[str, Any]
+    grad_enabled: bool
+    graph: dict[str, Any] | None
+    why: str | None = None
+
+
+AnyEntry = Annotated[ManifestEntry | DynamoEntry, Field(discriminator="kind")]
+_ENTRY = TypeAdapter(AnyEntry)
+
+
 _ACTIVE: list[Path] = []  # manifests of the enclosing record() blocks, innermost last
+_TRACE_ONLY: list[bool] = []
 _WRITTEN: dict[Path, set[str]] = {}  # keys this process has appended, per manifest
 
 
@@ -54,11 +79,20 @@ def record(path: str | os.PathLike) -> Iterator[Path]:
     """Record every graph neuroncc compiles (or finds cached) in this block into path."""
     manifest = Path(path).resolve()
     _start(manifest)
+    _WRITTEN.setdefault(manifest, set()).update(_keys(manifest))
     _ACTIVE.append(manifest)
     try:
         yield manifest
     finally:
         _ACTIVE.pop()
+
+
+def _keys(manifest: Path) -> set[str]:
+    keys = set()
+    for line in manifest.read_text().splitlines()[1:]:
+        with contextlib.suppress(json.JSONDecodeError, AttributeError):
+            keys.add(json.loads(line).get("key"))
+    return keys
 
 
 def _active() -> Path | None:
@@ -76,7 +110,73 @@ def _start(manifest: Path) -> None:
             _append(manifest, {"neuroncc_manifest": MANIFEST_FORMAT})
 
 
+def recording() -> bool:
+    return _active() is not None
+
+
+@contextlib.contextmanager
+def trace_only() -> Iterator[None]:
+    """Graphs are recorded and run eagerly, not compiled (expand traces many sizes so; the
+    compile job then compiles them in parallel)."""
+    _TRACE_ONLY.append(True)
+    try:
+        yield
+    finally:
+        _TRACE_ONLY.pop()
+
+
+def tracing_only() -> bool:
+    return bool(_TRACE_ONLY)
+
+
 def record_graph(ir_text: str, opts: CompileOptions, key: str, name: str) -> None:
+    """Record a graph neuroncc compiles (when recording)."""
+    options = _compile_options(opts)
+    _record_entry(key, lambda: ManifestEntry(key=key, name=name, options=options, ir=ir_text))
+
+
+def record_dynamo(gm: Any, args: list[Any], opts: CompileOptions, name: str) -> None:
+    """Record a Dynamo graph with symbolic sizes and the arguments of its first call."""
+    if _active() is None:
+        return
+    import torch
+
+    from neuroncc.frontend.fx_serde import NotSerializable, encode_graph
+
+    try:
+        graph, why = encode_graph(gm, args), None
+        shape_free = {
+            "nodes": graph["nodes"],
+            "placeholders": [
+                {k: v for k, v in p.items() if k not in ("value", "trial_shape")}
+                for p in graph["placeholders"]
+            ],
+        }
+        identity = json.dumps(shape_free, sort_keys=True)
+    except NotSerializable as e:
+        graph, why, identity = None, str(e), gm.code
+    options = _compile_options(opts)
+    grad = torch.is_grad_enabled()
+    key = hashlib.sha256(json.dumps([identity, options, grad], sort_keys=True).encode()).hexdigest()
+    _record_entry(
+        key,
+        lambda: DynamoEntry(
+            kind="dynamo",
+            key=key,
+            name=name,
+            options=options,
+            grad_enabled=grad,
+            graph=graph,
+            why=why,
+        ),
+    )
+
+
+def _compile_options(opts: CompileOptions) -> dict[str, Any]:
+    return opts.model_dump(include={"target", "opt_level", "auto_cast", "fallback"})
+
+
+def _record_entry(key: str, make: Any) -> None:
     manifest = _active()
     if manifest is None:
         return
@@ -85,10 +185,9 @@ def record_graph(ir_text: str, opts: CompileOptions, key: str, name: str) -> Non
         return
     if not manifest.exists():
         _start(manifest)
-    options = opts.model_dump(include={"target", "opt_level", "auto_cast", "fallback"})
-    entry = ManifestEntry(key=key, name=name, options=options, ir=ir_text)
+    line = make().model_dump()
     with filelock.FileLock(f"{manifest}.lock"):
-        _append(manifest, entry.model_dump())
+        _append(manifest, line)
     written.add(key)
 
 
@@ -101,7 +200,7 @@ def _append(path: Path, obj: dict) -> None:
         os.close(fd)
 
 
-def load_manifest(path: str | os.PathLike) -> list[ManifestEntry]:
+def load_manifest(path: str | os.PathLike) -> list[ManifestEntry | DynamoEntry]:
     """The distinct entries of a manifest, in recorded order; ManifestError if it is missing
     or malformed (naming the line)."""
     path = Path(path)
@@ -122,12 +221,12 @@ def load_manifest(path: str | os.PathLike) -> list[ManifestEntry]:
             f"{path}:1 is not a neuroncc manifest header "
             f'(expected {{"neuroncc_manifest": {MANIFEST_FORMAT}}})'
         )
-    entries: dict[str, ManifestEntry] = {}
+    entries: dict[str, ManifestEntry | DynamoEntry] = {}
     for lineno, line in enumerate(lines[1:], start=2):
         if not line.strip():
             continue
         try:
-            entry = ManifestEntry.model_validate_json(line)
+            entry = _ENTRY.validate_json(line)
         except ValidationError as e:
             first = e.errors()[0]
             where = ".".join(str(x) for x in first["loc"]) or "line"

@@ -21,13 +21,19 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
 from neuroncc.errors import NeuronccError
-from neuroncc.frontend.recording import ENV_VAR, ManifestEntry, ManifestError, load_manifest
+from neuroncc.frontend.recording import (
+    ENV_VAR,
+    DynamoEntry,
+    ManifestEntry,
+    ManifestError,
+    load_manifest,
+)
 from neuroncc.options import CompileOptions
 
 JOB_MEMORY_BYTES = 2 << 30  # what one compile worker may need: the basis of the --jobs default
@@ -106,7 +112,10 @@ def compile_entry(entry: ManifestEntry, cache_dir: str | None) -> str:
     from neuroncc.ir.verify import verify
 
     opts = _options(entry, cache_dir)
-    g = verify(parse(entry.ir))
+    try:
+        g = verify(parse(entry.ir))
+    except ValueError as e:  # ParseError, VerifyError: a damaged manifest entry
+        raise WarmupError(f"its IR is not valid: {e}") from None
     key = graph_key(entry.ir, opts)
     disk = disk_cache_for(opts)
     assert disk is not None
@@ -130,8 +139,10 @@ def compile_manifest(
     retries: int = 1,
     cache_dir: str | None = None,
     progress: bool = True,
+    worker: Callable[[ManifestEntry, str | None], str] = compile_entry,
 ) -> Summary:
-    """Compile every entry of the manifest (of this shard) into the cache."""
+    """Compile every entry of the manifest (of this shard) into the cache. (`worker`, a
+    module-level function, replaces compile_entry in tests.)"""
     start = time.perf_counter()
     entries = load_manifest(manifest)
     cache_dir = cache_dir or os.environ.get("NEURONCC_CACHE_DIR")
@@ -139,25 +150,42 @@ def compile_manifest(
     summary = Summary()
     todo = []
     for e in entries:
-        if shard is None or shard.owns(e.key):
-            todo.append(e)
-        else:
+        if not isinstance(e, ManifestEntry):
+            continue  # a Dynamo graph: expand traces it, there is nothing to compile
+        if shard is not None and not shard.owns(e.key):
             summary.skipped += 1
+        elif _cached(e, cache_dir):
+            summary.cached.append(e.name)
+        else:
+            todo.append(e)
     jobs = max(1, min(jobs or default_jobs(), len(todo) or 1))
     attempts: Counter[str] = Counter()
-    with _Progress(len(todo), progress) as bar:
+    with _Progress(len(todo), progress and bool(todo)) as bar:
         while todo:
-            todo = _run_pool(todo, jobs, cache_dir, summary, attempts, retries, bar)
+            todo = _run_pool(worker, todo, jobs, cache_dir, summary, attempts, retries, bar)
+            jobs = 1  # a worker died and broke the pool: retry one at a time to isolate it
     summary.seconds = time.perf_counter() - start
     return summary
 
 
-def _run_pool(todo, jobs, cache_dir, summary, attempts, retries, bar) -> list[ManifestEntry]:
+def _cached(entry: ManifestEntry, cache_dir: str | None) -> bool:
+    """Whether the cache holds a valid entry for this graph (checked before any worker runs)."""
+    from neuroncc import __version__
+    from neuroncc.frontend.compile import disk_cache_for, graph_key
+
+    opts = _options(entry, cache_dir)
+    disk = disk_cache_for(opts)
+    return disk is not None and disk.load(graph_key(entry.ir, opts), __version__) is not None
+
+
+def _run_pool(
+    worker, todo, jobs, cache_dir, summary, attempts, retries, bar
+) -> list[ManifestEntry]:
     """Run todo on a fresh pool; the entries to retry because a worker died."""
     retry: list[ManifestEntry] = []
     ctx = multiprocessing.get_context("spawn")
     with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        futures = {pool.submit(compile_entry, e, cache_dir): e for e in todo}
+        futures = {pool.submit(worker, e, cache_dir): e for e in todo}
         for future in cf.as_completed(futures):
             e = futures[future]
             attempts[e.key] += 1
@@ -215,6 +243,88 @@ class _Progress:
             self.bar.stop()
 
 
+# -- expand ---------------------------------------------------------------------------------
+
+
+def parse_sizes(spec: str) -> tuple[int, list[int]]:
+    """ "7=128:2048:128" (start:stop:step, stop included) or "7=128,256": every dynamic size
+    that was 7 in the trial run, at these values."""
+    try:
+        trial, values = spec.split("=")
+        if ":" in values:
+            start, stop, step = (int(x) for x in values.split(":"))
+            if step <= 0:
+                raise ValueError
+            sizes = list(range(start, stop + 1, step))
+        else:
+            sizes = [int(x) for x in values.split(",")]
+        if not sizes or min(sizes) < 1:
+            raise ValueError
+        return int(trial), sizes
+    except ValueError:
+        raise WarmupError(
+            f"sizes {spec!r} is not TRIAL=START:STOP:STEP or TRIAL=A,B,... "
+            "(e.g. 7=128:2048:128: the size that was 7 in the trial, from 128 to 2048)"
+        ) from None
+
+
+def expand_manifest(
+    manifest: str | os.PathLike, sizes: dict[int, list[int]], **compile_args: object
+) -> tuple[int, Summary]:
+    """Trace every recorded Dynamo graph at the requested sizes (recording what it compiles
+    into the manifest), then compile the manifest. (variants traced, summary)."""
+    import itertools
+
+    import torch
+
+    from neuroncc.frontend import recording
+    from neuroncc.frontend.backend import ShapeSpecializer
+    from neuroncc.frontend.fx_serde import decode_graph, example_args, trial_sizes
+
+    dynamo = [e for e in load_manifest(manifest) if isinstance(e, DynamoEntry)]
+    if not dynamo:
+        raise WarmupError(
+            f"{manifest} records no graph with dynamic sizes: record a trial that runs two "
+            "shapes, or torch.compile(..., dynamic=True)"
+        )
+    traced, seen = 0, []
+    for e in dynamo:
+        if e.graph is None:
+            print(f"  {e.name} cannot be expanded: {e.why}", file=sys.stderr)
+            continue
+        trial = trial_sizes(e.graph)
+        seen += [f"{e.name}: {sym}={v}" for sym, v in trial.items()]
+        axes = {sym: sizes[v] for sym, v in trial.items() if v in sizes}
+        gm = decode_graph(e.graph)
+        opts = CompileOptions(**e.options, disk_cache=False)
+        for combo in itertools.product(*axes.values()) if axes else ():
+            args = example_args(e.graph, {**trial, **dict(zip(axes, combo))})
+            fn = ShapeSpecializer(gm, opts, f"{e.name}_x{traced}")
+            with (
+                recording.record(manifest),
+                recording.trace_only(),
+                torch.set_grad_enabled(e.grad_enabled),
+            ):
+                _call_with_backward(fn, args)
+            traced += 1
+    if not traced:
+        raise WarmupError(
+            f"no recorded dynamic size was one of {sorted(sizes)} in the trial; "
+            f"the recorded ones: {', '.join(seen) or 'none'}"
+        )
+    return traced, compile_manifest(manifest, **compile_args)  # type: ignore[arg-type]
+
+
+def _call_with_backward(fn: object, args: list) -> None:
+    import torch
+
+    out = fn(*args)  # type: ignore[operator]
+    outs = [o for o in (out if isinstance(out, (tuple, list)) else [out])]
+    needs = [o for o in outs if isinstance(o, torch.Tensor) and o.requires_grad]
+    if needs:
+        torch.autograd.backward(needs, [torch.ones_like(o) for o in needs])
+
+
 # -- record ---------------------------------------------------------------------------------
 
 
@@ -243,6 +353,19 @@ def _parser() -> argparse.ArgumentParser:
     comp = sub.add_parser("compile", help="compile a manifest's graphs into the cache")
     comp.add_argument("manifest")
     _compile_flags(comp)
+
+    exp = sub.add_parser(
+        "expand", help="trace the recorded dynamic graphs at more sizes, then compile"
+    )
+    exp.add_argument("manifest")
+    exp.add_argument(
+        "--sizes",
+        action="append",
+        required=True,
+        help="TRIAL=START:STOP:STEP or TRIAL=A,B: the dynamic size that was TRIAL in the "
+        "recorded run, at these values (repeatable)",
+    )
+    _compile_flags(exp)
     return p
 
 
@@ -264,14 +387,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             if status:
                 print(f"the script exited with status {status}", file=sys.stderr)
             return status
-        summary = compile_manifest(
-            args.manifest,
-            jobs=args.jobs,
-            shard=args.shard,
-            retries=args.retries,
-            cache_dir=args.cache_dir,
-            progress=not args.no_progress,
-        )
+        flags = {
+            "jobs": args.jobs,
+            "shard": args.shard,
+            "retries": args.retries,
+            "cache_dir": args.cache_dir,
+            "progress": not args.no_progress,
+        }
+        if args.command == "expand":
+            sizes = dict(parse_sizes(spec) for spec in args.sizes)
+            traced, summary = expand_manifest(args.manifest, sizes, **flags)
+            print(f"traced {traced} new shape variant(s)")
+        else:
+            summary = compile_manifest(args.manifest, **flags)
         print(summary.line())
         for name, why in summary.failed.items():
             print(f"  failed {name}: {why}")

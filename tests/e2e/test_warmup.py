@@ -1,0 +1,191 @@
+"""Warmup jobs as a user runs them: record a trial of a small HF llama script, warm an empty
+cache in fresh processes, then the real run compiles nothing, at the trial's sizes and at the
+sizes `expand` added. Bad input gets a message and exit status 2."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from neuroncc.frontend import warmup
+from neuroncc.frontend.recording import load_manifest
+from neuroncc.runtime.disk_cache import CACHE_FORMAT
+
+SCRIPT = '''
+"""A small HF llama: a training step and an inference forward per sequence length given."""
+import json, sys
+import torch, transformers
+import neuroncc
+
+cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
+    num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+    max_position_embeddings=256)
+torch.manual_seed(0)
+model = transformers.LlamaForCausalLM(cfg)
+compiled = torch.compile(model, backend="neuron", dynamic=True)
+for seq in [int(a) for a in sys.argv[1:]]:
+    ids = torch.randint(0, 128, (1, seq))
+    model.train()
+    compiled(input_ids=ids, labels=ids).loss.backward()
+    model.eval()
+    with torch.no_grad():
+        compiled(input_ids=ids)
+s = neuroncc.stats()
+print(json.dumps({k: s[k] for k in ("compiles", "cache_hits_disk", "fallback_nodes")}))
+'''
+
+
+# The console script pip installed beside this interpreter (the venv need not be on PATH).
+WARMUP = str(Path(sys.executable).with_name("neuroncc-warmup"))
+
+
+def _cli(*args, cache, check=True, **env):
+    proc = subprocess.run(
+        [WARMUP, *map(str, args)],
+        check=False,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NEURONCC_CACHE_DIR": str(cache), **env},
+        timeout=600,
+    )
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def _script(path, *seqs, cache):
+    proc = subprocess.run(
+        [sys.executable, str(path), *map(str, seqs)],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NEURONCC_CACHE_DIR": str(cache)},
+        timeout=600,
+    )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def trial(tmp_path_factory):
+    """The script recorded once at sequence length 7, with no persistent cache at all."""
+    root = tmp_path_factory.mktemp("warmup")
+    script = root / "train.py"
+    script.write_text(SCRIPT)
+    manifest = root / "graphs.jsonl"
+    proc = _cli("record", manifest, script, 7, cache=root / "unused", NEURONCC_DISK_CACHE="0")
+    assert "recorded 5 graph(s)" in proc.stdout  # 2 Dynamo graphs; fwd, bwd and inference
+    assert not (root / "unused").exists()
+    return script, manifest
+
+
+def test_the_real_run_after_a_warmup_compiles_nothing(trial, tmp_path):
+    script, manifest = trial
+    cache = tmp_path / "cache"
+    proc = _cli("compile", manifest, "--jobs", 2, cache=cache)
+    assert "3 compiled, 0 already cached, 0 failed" in proc.stdout
+    assert len(list(cache.glob(f"v{CACHE_FORMAT}/*/*.json"))) == 3
+    run = _script(script, 7, cache=cache)
+    assert run == {"compiles": 0, "cache_hits_disk": 3, "fallback_nodes": {}}
+    again = _cli("compile", manifest, cache=cache)
+    assert "0 compiled, 3 already cached" in again.stdout
+
+
+def test_expand_precompiles_sizes_the_trial_did_not_reach(trial, tmp_path):
+    script, manifest = trial
+    expanded = tmp_path / "graphs.jsonl"
+    expanded.write_bytes(manifest.read_bytes())
+    cache = tmp_path / "cache"
+    proc = _cli("expand", expanded, "--sizes", "7=12,16", cache=cache)
+    assert "traced 4 new shape variant(s)" in proc.stdout  # 2 graphs x 2 sizes
+    assert "9 compiled, 0 already cached, 0 failed" in proc.stdout
+    assert _script(script, 12, 16, cache=cache)["compiles"] == 0
+
+
+def test_shards_split_the_entries_between_machines(trial, tmp_path):
+    _, manifest = trial
+    cache = str(tmp_path / "cache")
+    a = warmup.compile_manifest(manifest, jobs=1, shard=warmup.Shard(0, 2), cache_dir=cache)
+    b = warmup.compile_manifest(manifest, jobs=1, shard=warmup.Shard(1, 2), cache_dir=cache)
+    assert sorted(a.compiled + b.compiled) == sorted(
+        e.name for e in load_manifest(manifest) if e.kind == "nir"
+    )
+    assert a.skipped == len(b.compiled) and b.skipped == len(a.compiled)
+
+
+def die_the_first_time(entry, cache_dir):
+    """A worker that is killed (as by the OOM killer) on its first entry."""
+    marker = Path(cache_dir) / "died-once"
+    if not marker.exists():
+        marker.write_text("")
+        os._exit(9)
+    return warmup.compile_entry(entry, cache_dir)
+
+
+def test_an_entry_whose_worker_dies_is_retried(trial, tmp_path):
+    _, manifest = trial
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    summary = warmup.compile_manifest(
+        manifest, jobs=2, cache_dir=str(cache), worker=die_the_first_time, progress=False
+    )
+    assert len(summary.compiled) == 3 and not summary.failed
+
+
+def test_a_compile_that_fails_is_reported_and_not_cached(trial, tmp_path):
+    _, manifest = trial
+    broken = tmp_path / "broken.jsonl"
+    lines = manifest.read_text().splitlines()
+    nir = next(i for i, line in enumerate(lines) if '"kind":"nir"' in line)
+    entry = json.loads(lines[nir])
+    entry["ir"] = entry["ir"].replace("graph @main", "graph @main @@", 1)
+    lines[nir] = json.dumps(entry)
+    broken.write_text("\n".join(lines) + "\n")
+    cache = tmp_path / "cache"
+    proc = _cli("compile", broken, cache=cache, check=False)
+    assert proc.returncode == 1
+    assert "2 compiled, 0 already cached, 1 failed" in proc.stdout
+    assert f"failed {entry['name']}: WarmupError: its IR is not valid" in proc.stdout
+    assert len(list(cache.glob(f"v{CACHE_FORMAT}/*/*.json"))) == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["compile", "{tmp}/missing.jsonl"], "manifest {tmp}/missing.jsonl does not exist"),
+        (["compile", "{tmp}/header.jsonl"], "header.jsonl:1 is not a neuroncc manifest header"),
+        (
+            ["compile", "{tmp}/entry.jsonl"],
+            "entry.jsonl:2: malformed entry (nir.ir: Field required)",
+        ),
+        (["compile", "{tmp}/entry.jsonl", "--shard", "2/2"], "shard '2/2' is not i/n"),
+        (["compile", "{tmp}/ok.jsonl", "--cache-dir", "{tmp}/file/c"], "is not writable"),
+        (["record", "{tmp}/m.jsonl", "{tmp}/missing.py"], "script {tmp}/missing.py does not exist"),
+        (["expand", "{tmp}/ok.jsonl", "--sizes", "7=a:b"], "is not TRIAL=START:STOP:STEP"),
+        (["expand", "{tmp}/ok.jsonl", "--sizes", "7=8"], "records no graph with dynamic sizes"),
+    ],
+)
+def test_bad_input_gets_a_message_and_status_2(tmp_path, capsys, args, message):
+    (tmp_path / "header.jsonl").write_text('{"not": "a manifest"}\n')
+    header = '{"neuroncc_manifest": 1}\n'
+    (tmp_path / "entry.jsonl").write_text(
+        header + '{"kind": "nir", "key": "k", "name": "g", "options": {}}\n'
+    )
+    (tmp_path / "ok.jsonl").write_text(header)
+    (tmp_path / "file").write_text("")
+    argv = [a.format(tmp=tmp_path) for a in args]
+    assert warmup.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("neuroncc-warmup: error: ") and message.format(tmp=tmp_path) in err
+    assert "Traceback" not in err
+
+
+def test_a_script_that_raises_passes_its_status_on(tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text("raise SystemExit(3)\n")
+    proc = _cli("record", tmp_path / "m.jsonl", script, cache=tmp_path / "c", check=False)
+    assert proc.returncode == 3
+    assert "the script exited with status 3" in proc.stderr
+    assert "recorded 0 graph(s)" in proc.stdout
