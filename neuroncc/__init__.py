@@ -2,8 +2,8 @@
 
     model = torch.compile(model, backend="neuron", options={"target": "trn2"})
 
-Public API: stats(), reset_stats(), profiles(), write_trace(), CompileOptions, the error types,
-__version__.
+Public API: stats(), reset_stats(), profiles(), write_trace(), record() (a warmup manifest of
+the graphs compiled in a block), CompileOptions, the error types, __version__.
 """
 
 from __future__ import annotations
@@ -40,6 +40,14 @@ def profiles() -> dict[str, Any]:
     return {name: c.profile for name, c in _STATS.executed().items()}
 
 
+def record(path: str) -> Any:
+    """`with neuroncc.record("graphs.jsonl"): run()` writes every graph neuroncc compiles in the
+    block to a manifest, which `neuroncc-warmup compile graphs.jsonl` compiles into the cache."""
+    from neuroncc.frontend.recording import record as _record
+
+    return _record(path)
+
+
 def write_trace(path: str) -> str:
     """Write the simulated schedule of every graph executed since the last reset as one
     Chrome trace-event file (open it in Perfetto or chrome://tracing): a process per graph,
@@ -65,6 +73,7 @@ __all__ = [
     "UnsupportedError",
     "__version__",
     "profiles",
+    "record",
     "reset_stats",
     "stats",
     "write_trace",

@@ -5,6 +5,9 @@
     python tools/bench.py --only gemm,softmax --json out.json
     python tools/bench.py --timing-only      # no numerics: fast, but no simulator wall time
 
+After the workloads: the persistent cache's figures (tools/bench_cache.py), unless --only or
+--no-cache.
+
 Per workload, at opt_level 2: simulated device time, the roofline bound and the fraction of it
 achieved, MFU, HBM bytes at opt_level 2 vs 0, neuroncc's compile wall time and Inductor's on the
 same function in the same run (cold cache), and the simulator's wall time vs eager PyTorch's.
@@ -167,11 +170,17 @@ def _neuroncc(w: Workload, quick: bool, level: int, timing_only: bool = False):
     if w.backward:
         inputs = [x.requires_grad_() for x in inputs]
     torch._dynamo.reset()
-    options = {"opt_level": level, "target": w.target, "timing_only": timing_only}
-    compiled = torch.compile(fn, backend="neuron", options=options)
-    first = _timed(lambda: _call(compiled, inputs, w.backward))
-    neuroncc.reset_stats()
-    second = _timed(lambda: _call(compiled, inputs, w.backward))
+    with tempfile.TemporaryDirectory() as cache:  # cold, like Inductor's below
+        options = {
+            "opt_level": level,
+            "target": w.target,
+            "timing_only": timing_only,
+            "cache_dir": cache,
+        }
+        compiled = torch.compile(fn, backend="neuron", options=options)
+        first = _timed(lambda: _call(compiled, inputs, w.backward))
+        neuroncc.reset_stats()
+        second = _timed(lambda: _call(compiled, inputs, w.backward))
     return neuroncc.stats(), max(first - second, 0.0), second, fn, inputs
 
 
@@ -277,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="time the compiled programs without simulating them (no sim/eager column)",
     )
+    p.add_argument("--no-cache", action="store_true", help="skip the persistent-cache figures")
     p.add_argument("--json", default="bench.json", help="write the rows here")
     args = p.parse_args(argv)
     wanted = args.only.split(",") if args.only else None
@@ -290,8 +300,15 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(run_workload(w, args.quick, not args.no_inductor, args.timing_only))
         print(f"  {w.name}: {rows[-1].device_us:.1f} us", flush=True)
     print_table(rows)
+    report = {"workloads": [{**asdict(r), "sim_over_eager": r.sim_over_eager} for r in rows]}
+    if not args.no_cache and not wanted:
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        from tools import bench_cache
+
+        report["cache"] = bench_cache.run(args.quick)
+        bench_cache.print_report(report["cache"])
     with open(args.json, "w") as f:
-        json.dump([{**asdict(r), "sim_over_eager": r.sim_over_eager} for r in rows], f, indent=1)
+        json.dump(report, f, indent=1)
     return 0
 
 

@@ -85,7 +85,7 @@ class Executable:
 
     @staticmethod
     def from_json(text: str) -> Executable:
-        with _no_gc():
+        with no_gc():
             return Executable.from_data(json.loads(text))
 
     @staticmethod
@@ -102,7 +102,7 @@ class Executable:
 
 
 @contextlib.contextmanager
-def _no_gc() -> Iterator[None]:
+def no_gc() -> Iterator[None]:
     """Loading builds many small containers, each allocation of which can trigger a full
     collection of the (large) heap of a process running PyTorch: 5x the decode time."""
     enabled = gc.isenabled()
@@ -129,6 +129,15 @@ class _Codec:
             opcode: [(f.name, f.type in self.OPERAND_TYPES) for f in _own_fields(cls)]
             for opcode, cls in isa.INSTRUCTIONS.items()
         }
+        # opcode -> (class, field names as stored, positions of the operand fields)
+        self.layouts = {
+            opcode: (
+                cls,
+                ("engine", "deps", *(name for name, _ in self.fields[opcode])),
+                tuple(2 + i for i, (_, is_operand) in enumerate(self.fields[opcode]) if is_operand),
+            )
+            for opcode, cls in isa.INSTRUCTIONS.items()
+        }
 
     def encode(self, instructions: tuple[isa.Instr, ...]) -> tuple[list, list]:
         table: dict[isa.Operand, int] = {}
@@ -145,15 +154,21 @@ class _Codec:
         table = [_decode_ref(r) for r in operands]
         out = []
         for row in rows:
-            opcode = row[0]
-            spec = self.fields.get(opcode)
-            if spec is None:
-                raise ValueError(f"unknown instruction {opcode!r}")
-            if len(row) != 3 + len(spec):
-                names = [name for name, _ in spec]
-                raise ValueError(f"instruction {opcode}: {len(row) - 3} fields, expected {names}")
-            args = [table[v] if is_operand else v for (_, is_operand), v in zip(spec, row[3:])]
-            out.append(isa.INSTRUCTIONS[opcode](row[1], *args, deps=tuple(row[2])))
+            layout = self.layouts.get(row[0])
+            if layout is None:
+                raise ValueError(f"unknown instruction {row[0]!r}")
+            cls, names, operand_slots = layout
+            if len(row) != len(names) + 1:
+                raise ValueError(f"instruction {row[0]}: {len(row) - 1} fields, expected {names}")
+            values = row[1:]
+            values[1] = tuple(values[1])  # deps
+            for i in operand_slots:
+                values[i] = table[values[i]]
+            # Set the fields directly: what the frozen dataclass's __init__ does, at a third of
+            # its cost (a cache hit is mostly this loop).
+            ins = object.__new__(cls)
+            ins.__dict__.update(zip(names, values))
+            out.append(ins)
         return tuple(out)
 
 
@@ -167,11 +182,14 @@ def _encode_ref(ref: isa.Operand) -> list:
     return ["dram", ref.buffer, ref.offset, ref.dtype.value, [list(d) for d in ref.dims]]
 
 
+_DTYPES = {d.value: d for d in DType}
+
+
 def _decode_ref(r: list) -> isa.Operand:
     if r[0] == "tile":
-        return isa.TileRef(r[1], r[2], r[3], r[4], DType(r[5]), tuple(r[6]))
+        return isa.TileRef(r[1], r[2], r[3], r[4], _DTYPES[r[5]], tuple(r[6]))
     if r[0] == "dram":
-        return isa.DramRef(r[1], r[2], DType(r[3]), tuple(tuple(d) for d in r[4]))
+        return isa.DramRef(r[1], r[2], _DTYPES[r[3]], tuple(tuple(d) for d in r[4]))
     raise ValueError(f"unknown operand kind {r[0]!r}")
 
 

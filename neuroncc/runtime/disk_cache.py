@@ -6,8 +6,9 @@ directory from platformdirs):
     v<CACHE_FORMAT>/<key[:2]>/<key>.json     one entry per compiled graph
     locks/<key[:2]>/<key>.lock               the lock a process holds while compiling that key
 
-An entry is one JSON object {"format", "neuroncc", "key", "sha256", "body"}; body is the JSON
-text of {"executable", "profile", "meta"} and sha256 its digest.
+An entry is a one-line JSON header {"format", "neuroncc", "key", "sha256", "bytes"}, a newline,
+and the body: the JSON of {"executable", "profile", "meta"}, whose length and digest the header
+holds (the body is parsed once, after its digest checks out: that is most of a hit's cost).
 
 Invariants:
 - Loading never executes code: the body is parsed as JSON and decoded by Executable.from_data
@@ -45,7 +46,7 @@ from typing import Any
 
 import filelock
 
-from neuroncc.codegen.program import Executable
+from neuroncc.codegen.program import Executable, no_gc
 from neuroncc.runtime.timing import Profile
 
 CACHE_FORMAT = 1
@@ -169,7 +170,7 @@ class DiskCache:
     def _disable(self, e: OSError) -> None:
         self.disabled_reason = f"{e.strerror or e} ({e.filename or self.root})"
         warnings.warn(
-            f"neuroncc cannot write its compile cache at {self.root}: {self.disabled_reason}; "
+            f"neuroncc cannot use its compile cache at {self.root}: {self.disabled_reason}; "
             "caching in memory only for this process",
             stacklevel=4,
         )
@@ -228,37 +229,38 @@ def encode_entry(entry: Entry, key: str) -> bytes:
             "meta": entry.meta,
         },
         separators=(",", ":"),
-    )
-    envelope = {
+    ).encode()
+    header = {
         "format": CACHE_FORMAT,
         "neuroncc": entry.meta["neuroncc"],
         "key": key,
-        "sha256": hashlib.sha256(body.encode()).hexdigest(),
-        "body": body,
+        "sha256": hashlib.sha256(body).hexdigest(),
+        "bytes": len(body),
     }
-    return json.dumps(envelope, separators=(",", ":")).encode()
+    return json.dumps(header, separators=(",", ":")).encode() + b"\n" + body
 
 
 def decode_entry(raw: bytes, key: str, version: str) -> Entry | None:
     """The entry in raw; None if it is of another format or version; CorruptEntry if damaged."""
+    head, _, body = raw.partition(b"\n")
     try:
-        envelope = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CorruptEntry(f"is not valid JSON (truncated?): {e}") from None
-    if not isinstance(envelope, dict) or "body" not in envelope:
+        header = json.loads(head)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise CorruptEntry("does not start with an entry header") from None
+    if not isinstance(header, dict) or "sha256" not in header:
         raise CorruptEntry("is not a neuroncc cache entry")
-    if envelope.get("format") != CACHE_FORMAT or envelope.get("neuroncc") != version:
+    if header.get("format") != CACHE_FORMAT or header.get("neuroncc") != version:
         return None
-    if envelope.get("key") != key:
-        raise CorruptEntry(f"holds key {str(envelope.get('key'))[:16]}..., not its file name")
-    body = envelope["body"]
-    if not isinstance(body, str) or hashlib.sha256(body.encode()).hexdigest() != envelope.get(
-        "sha256"
-    ):
+    if header.get("key") != key:
+        raise CorruptEntry(f"holds key {str(header.get('key'))[:16]}..., not its file name")
+    if len(body) != header.get("bytes"):
+        raise CorruptEntry(f"is truncated ({len(body)} of {header.get('bytes')} bytes)")
+    if hashlib.sha256(body).hexdigest() != header["sha256"]:
         raise CorruptEntry("fails its checksum (modified or damaged)")
     try:
-        data = json.loads(body)
-        exe = Executable.from_data(data["executable"])
+        with no_gc():
+            data = json.loads(body)
+            exe = Executable.from_data(data["executable"])
         names = {f.name for f in dataclasses.fields(Profile)}
         if set(data["profile"]) != names:
             raise ValueError(f"profile fields {sorted(data['profile'])}")

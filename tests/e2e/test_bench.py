@@ -5,7 +5,7 @@ import torch
 
 import neuroncc
 from neuroncc.examples import GPTConfig, TinyGPT, example_batch
-from tools import bench
+from tools import bench, bench_cache
 
 
 def test_bench_quick_rows_are_consistent(fresh):
@@ -59,3 +59,12 @@ def test_fused_and_blocked_code_is_faster_than_one_kernel_per_op(fresh, target):
         compiled(idx, targets)
         device[level] = neuroncc.stats()["device_seconds"]
     assert device[2] < device[0] / 1.5
+
+
+def test_cache_benchmark_quick():
+    result = bench_cache.run(quick=True)
+    assert len(result["graphs"]) == 3  # GPT-2 block forward and backward, Llama forward
+    for g in result["graphs"].values():
+        assert 0 < g["hit_s"] < g["compile_s"]
+    assert all(t["graphs"] == 3 for t in result["warmup"].values())
+    bench_cache.print_report(result)

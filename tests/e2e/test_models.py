@@ -12,7 +12,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import neuroncc
 from neuroncc.codegen.program import FORMAT_VERSION, Executable
+from neuroncc.errors import OptionsError
 from neuroncc.examples import GPTConfig, TinyGPT, example_batch
+from neuroncc.options import CompileOptions
 from neuroncc.runtime import executor
 from neuroncc.runtime.cache import GRAPH_CACHE
 
@@ -144,6 +146,15 @@ def test_options_and_environment(fresh, monkeypatch):
     torch.compile(torch.exp, backend="neuron", options={"target": "trn3"})(x)
     targets = sorted(c.exe.target for c in GRAPH_CACHE._items.values())
     assert targets == ["trn1", "trn3"]  # environment read, explicit option wins
+
+
+def test_cache_options_from_the_environment():
+    env = {"NEURONCC_DISK_CACHE": "0", "NEURONCC_CACHE_MAX_BYTES": "4096"}
+    opts = CompileOptions.from_user({}, env)
+    assert (opts.disk_cache, opts.cache_max_bytes) == (False, 4096)
+    assert opts.cache_key() == CompileOptions.from_user({}, {}).cache_key()  # same executables
+    with pytest.raises(OptionsError, match="cache_max_bytes=-1: Input should be greater than 0"):
+        CompileOptions.from_user({"cache_max_bytes": -1}, {})
 
 
 def test_mode_strings_are_tolerated(fresh):

@@ -189,3 +189,21 @@ def test_a_script_that_raises_passes_its_status_on(tmp_path):
     assert proc.returncode == 3
     assert "the script exited with status 3" in proc.stderr
     assert "recorded 0 graph(s)" in proc.stdout
+
+
+def test_recording_a_python_callable_then_warming_a_new_cache(fresh, tmp_path):
+    import torch
+
+    import neuroncc
+    from neuroncc.runtime.disk_cache import DiskCache
+
+    manifest = tmp_path / "graphs.jsonl"
+    x = torch.randn(8, 4)
+    with neuroncc.record(manifest):
+        torch.compile(lambda x: torch.softmax(x * 2, -1), backend="neuron")(x)
+    (entry,) = load_manifest(manifest)
+    cache = tmp_path / "cache"
+    summary = warmup.compile_manifest(manifest, jobs=1, cache_dir=str(cache), progress=False)
+    assert summary.compiled == [entry.name]
+    # The warmed entry is under the very key the recorded run computed.
+    assert [e.key for e in DiskCache(cache).entries()] == [entry.key]

@@ -117,18 +117,19 @@ def _truncate(raw: bytes) -> bytes:
 
 
 def _flip_a_body_byte(raw: bytes) -> bytes:
-    i = raw.index(b'"body"') + 200
+    i = raw.index(b"\n") + 200
     return raw[:i] + bytes([raw[i] ^ 1]) + raw[i + 1 :]
 
 
 def _forge(raw: bytes, fix_checksum: bool) -> bytes:
-    envelope = json.loads(raw)
-    body = json.loads(envelope["body"])
-    body["executable"]["instructions"][0][0] = "exec_python"
-    envelope["body"] = json.dumps(body)
+    head, _, body = raw.partition(b"\n")
+    header, data = json.loads(head), json.loads(body)
+    data["executable"]["instructions"][0][0] = "exec_python"
+    body = json.dumps(data).encode()
+    header["bytes"] = len(body)
     if fix_checksum:
-        envelope["sha256"] = hashlib.sha256(envelope["body"].encode()).hexdigest()
-    return json.dumps(envelope).encode()
+        header["sha256"] = hashlib.sha256(body).hexdigest()
+    return json.dumps(header).encode() + b"\n" + body
 
 
 def _tamper(raw: bytes) -> bytes:
@@ -168,14 +169,15 @@ def test_an_entry_of_an_older_format_is_ignored_and_replaced_quietly(fresh, priv
     x = torch.randn(5)
     _compile_once(x)
     (entry,) = _entries(private_disk_cache)
-    envelope = json.loads(entry.read_bytes())
-    envelope["format"] = CACHE_FORMAT - 1
-    entry.write_text(json.dumps(envelope))
+    head, _, body = entry.read_bytes().partition(b"\n")
+    header = json.loads(head)
+    header["format"] = CACHE_FORMAT - 1
+    entry.write_bytes(json.dumps(header).encode() + b"\n" + body)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _compile_once(x)
     assert neuroncc.stats()["compiles"] == 1
-    assert json.loads(entry.read_bytes())["format"] == CACHE_FORMAT
+    assert json.loads(entry.read_bytes().partition(b"\n")[0])["format"] == CACHE_FORMAT
 
 
 def test_an_unwritable_cache_degrades_to_memory_with_one_warning(
@@ -203,7 +205,7 @@ def test_a_cache_dir_that_is_not_a_directory_degrades_the_same_way(fresh, tmp_pa
     blocker.write_text("not a directory")
     x = torch.randn(5)
     options = {"cache_dir": str(blocker / "cache")}
-    with pytest.warns(UserWarning, match="cannot write its compile cache"):
+    with pytest.warns(UserWarning, match="cannot use its compile cache"):
         got = torch.compile(lambda x: torch.exp(x) * 3, backend="neuron", options=options)(x)
     torch.testing.assert_close(got, torch.exp(x) * 3)
     assert neuroncc.stats()["compiles"] == 1
@@ -238,7 +240,7 @@ def test_cache_max_bytes_option_caps_the_cache_as_it_fills(fresh, private_disk_c
 
 def test_decode_rejects_another_key_and_non_entries():
     with pytest.raises(CorruptEntry, match="not a neuroncc cache entry"):
-        decode_entry(b"[1, 2]", "k", neuroncc.__version__)
-    raw = json.dumps({"format": CACHE_FORMAT, "neuroncc": neuroncc.__version__, "key": "a"})
-    with pytest.raises(CorruptEntry, match="not a neuroncc cache entry"):
-        decode_entry(raw.encode(), "a", neuroncc.__version__)
+        decode_entry(b"[1, 2]\n{}", "k", neuroncc.__version__)
+    header = {"format": CACHE_FORMAT, "neuroncc": neuroncc.__version__, "key": "a", "sha256": ""}
+    with pytest.raises(CorruptEntry, match="holds key a"):
+        decode_entry(json.dumps(header).encode() + b"\n{}", "b", neuroncc.__version__)
