@@ -2,7 +2,7 @@
 
 The environment is read here and only here, once per torch.compile backend call; explicit
 options win over environment variables. An unknown key or value is an OptionsError that lists
-what is allowed; so is an option whose feature this version does not have yet.
+what is allowed.
 """
 
 from __future__ import annotations
@@ -28,12 +28,6 @@ ENV_VARS = {
 _INT_OPTIONS = ("opt_level", "cache_max_bytes")
 # Options that change where and whether compiled graphs are kept or shown, never what they are.
 _NOT_IN_KEY = {"dump_dir", "cache_dir", "disk_cache", "cache_max_bytes", "timing_only"}
-
-# Features named by the public surface that this version does not implement yet. Asking for
-# them is an error rather than a silent no-op.
-NOT_YET = {
-    ("auto_cast", "matmul"): "auto_cast='matmul' (bf16 matmuls) is not implemented yet",
-}
 
 
 class CompileOptions(BaseModel):
@@ -73,9 +67,6 @@ class CompileOptions(BaseModel):
             opts = cls(**values)
         except ValidationError as e:
             raise OptionsError(_explain(e)) from None
-        for (key, value), why in NOT_YET.items():
-            if key in values and getattr(opts, key) == value:
-                raise OptionsError(why)
         return opts
 
     def cache_key(self) -> str:

@@ -41,7 +41,9 @@ def compile_nir(g: Graph, opts: CompileOptions, name: str, snapshots: bool = Fal
     """Run the pipeline of opts.opt_level on g, emit the executable, time it once."""
     start = time.perf_counter()
     target = get_target(opts.target)
-    result = run_pipeline(g, default_pipeline(opts.opt_level), PassContext(target), snapshots)
+    result = run_pipeline(
+        g, default_pipeline(opts.opt_level, opts.auto_cast), PassContext(target), snapshots
+    )
     exe = emit_graph(replace(result.graph, name=name), target)
     profile = time_executable(exe, target)
     meta = {

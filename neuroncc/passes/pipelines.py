@@ -6,14 +6,16 @@ are absent; the emitters tile each kernel themselves.
 
 from __future__ import annotations
 
+from neuroncc.passes.autocast import AutoCast
 from neuroncc.passes.fuse import Fuse
 from neuroncc.passes.manager import Pass
 from neuroncc.passes.simplify import Simplify
 
 
-def default_pipeline(opt_level: int) -> list[Pass]:
+def default_pipeline(opt_level: int, auto_cast: str | None = None) -> list[Pass]:
+    first: list[Pass] = [AutoCast()] if auto_cast == "matmul" else []  # bf16 matmuls
     if opt_level == 0:
-        return []  # one kernel per op, exactly as lowered
+        return first  # one kernel per op, exactly as lowered
     if opt_level == 1:
-        return [Simplify()]  # canonicalise, CSE, DCE: fewer kernels, no identity copies
-    return [Simplify(), Fuse()]
+        return [*first, Simplify()]  # canonicalise, CSE, DCE: fewer kernels, no identity copies
+    return [*first, Simplify(), Fuse()]

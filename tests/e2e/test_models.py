@@ -136,8 +136,8 @@ def test_options_and_environment(fresh, monkeypatch):
     ):
         torch.compile(torch.cos, backend="neuron", options={"target": "trn9"})(x)
     torch._dynamo.reset()
-    with pytest.raises(Exception, match="auto_cast='matmul' .* is not implemented yet"):
-        torch.compile(torch.tan, backend="neuron", options={"auto_cast": "matmul"})(x)
+    with pytest.raises(Exception, match="option auto_cast='bf16': Input should be 'matmul'"):
+        torch.compile(torch.tan, backend="neuron", options={"auto_cast": "bf16"})(x)
     torch._dynamo.reset()
     monkeypatch.setenv("NEURONCC_TARGET", "trn1")
     monkeypatch.setenv("NEURONCC_OPT_LEVEL", "0")
