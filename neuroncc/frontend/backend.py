@@ -21,9 +21,16 @@ from torch._dynamo.backends.common import aot_autograd
 
 from neuroncc.errors import CapacityError, NeuronccError, UnsupportedError
 from neuroncc.frontend import recording
-from neuroncc.frontend.compile import canonical_text, compile_nir, disk_cache_for, graph_key
+from neuroncc.frontend.compile import (
+    Compiled,
+    canonical_text,
+    compile_nir,
+    disk_cache_for,
+    graph_key,
+    stage_snapshots,
+)
 from neuroncc.frontend.decompositions import DECOMPOSITIONS
-from neuroncc.frontend.dump import dump_graph
+from neuroncc.frontend.dump import dump_graph, write_run_summary_at_exit
 from neuroncc.frontend.fx_import import import_fx
 from neuroncc.frontend.partition import find_declined, report_fallback, split_graph
 from neuroncc.ir.verify import verify
@@ -93,14 +100,20 @@ def compile_region(
     if recording.tracing_only():
         return lambda *args: list(_as_list(gm(*args)))
 
+    compiled_here: list[Compiled] = []
+
     def compile_entry() -> Entry:
-        compiled = compile_nir(g, opts, name, snapshots=bool(opts.dump_dir))
-        if opts.dump_dir:
-            exe = compiled.entry.executable
-            dump_graph(opts.dump_dir, name, gm, g, compiled.snapshots, exe)
-        return compiled.entry
+        compiled_here.append(compile_nir(g, opts, name, snapshots=bool(opts.dump_dir)))
+        return compiled_here[0].entry
 
     compiled = lookup_or_compile(key, compile_entry, disk_cache_for(opts), name)
+    if opts.dump_dir:
+        if compiled_here:
+            snapshots, meta = compiled_here[0].snapshots, compiled_here[0].entry.meta
+        else:  # a cache hit: the passes again for their snapshots, the program from the cache
+            snapshots, meta = stage_snapshots(g, opts), {"cache_hit": True}
+        meta = {**{k: v for k, v in meta.items() if k != "ir"}, "key": key}  # IR: stage files
+        dump_graph(opts.dump_dir, name, gm, g, snapshots, compiled.exe, meta)
     return GraphRunner(
         compiled, imported.input_sources, imported.output_slots, gm if opts.timing_only else None
     )
@@ -280,6 +293,8 @@ def neuron_backend(
             "outputs come from PyTorch eager",
             stacklevel=2,
         )
+    if opts.dump_dir:
+        write_run_summary_at_exit(opts.dump_dir)
     STATS.add("dynamo_graphs")
     name = f"graph{STATS.snapshot()['dynamo_graphs']}"
     if _is_symbolic(example_inputs):

@@ -17,8 +17,7 @@ from neuroncc.ir.printer import print_graph
 from neuroncc.options import CompileOptions
 from neuroncc.passes.manager import PassContext, run_pipeline
 from neuroncc.passes.pipelines import default_pipeline
-from neuroncc.runtime.cache import cache_key
-from neuroncc.runtime.disk_cache import DiskCache, Entry, open_cache
+from neuroncc.runtime.disk_cache import DiskCache, Entry, cache_key, open_cache
 from neuroncc.runtime.timing import time_executable
 
 
@@ -56,6 +55,13 @@ def compile_nir(g: Graph, opts: CompileOptions, name: str, snapshots: bool = Fal
         "created": time.time(),
     }
     return Compiled(Entry(exe, profile, meta), result.snapshots)
+
+
+def stage_snapshots(g: Graph, opts: CompileOptions) -> list[tuple[str, str]]:
+    """(pass name, IR text) after each pass of opts' pipeline: what a compile of g dumps."""
+    target = get_target(opts.target)
+    pipeline = default_pipeline(opts.opt_level, opts.auto_cast)
+    return run_pipeline(g, pipeline, PassContext(target), snapshots=True).snapshots
 
 
 def disk_cache_for(opts: CompileOptions) -> DiskCache | None:

@@ -8,12 +8,16 @@ Invariants:
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import ml_dtypes
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 
 class DType(enum.Enum):
@@ -37,7 +41,7 @@ class DType(enum.Enum):
 
     @property
     def torch(self) -> torch.dtype:
-        return _TORCH[self]
+        return _torch_dtypes()[self]
 
     @property
     def is_float(self) -> bool:
@@ -49,10 +53,10 @@ class DType(enum.Enum):
 
     @staticmethod
     def from_torch(dt: torch.dtype) -> DType:
-        for k, v in _TORCH.items():
+        for k, v in _torch_dtypes().items():
             if v == dt:
                 return k
-        allowed = ", ".join(str(v) for v in _TORCH.values())
+        allowed = ", ".join(str(v) for v in _torch_dtypes().values())
         raise TypeError(f"dtype {dt} is not supported by neuroncc (allowed: {allowed})")
 
     @staticmethod
@@ -74,17 +78,25 @@ _NUMPY = {
     DType.U8: np.dtype(np.uint8),
     DType.BOOL: np.dtype(np.bool_),
 }
-_TORCH = {
-    DType.F32: torch.float32,
-    DType.BF16: torch.bfloat16,
-    DType.F16: torch.float16,
-    DType.I64: torch.int64,
-    DType.I32: torch.int32,
-    DType.I16: torch.int16,
-    DType.I8: torch.int8,
-    DType.U8: torch.uint8,
-    DType.BOOL: torch.bool,
-}
+
+
+@functools.cache
+def _torch_dtypes() -> dict[DType, torch.dtype]:
+    """Imported on first use: the compiler proper (warmup workers, neuroncc-dump) runs without
+    torch."""
+    import torch
+
+    return {
+        DType.F32: torch.float32,
+        DType.BF16: torch.bfloat16,
+        DType.F16: torch.float16,
+        DType.I64: torch.int64,
+        DType.I32: torch.int32,
+        DType.I16: torch.int16,
+        DType.I8: torch.int8,
+        DType.U8: torch.uint8,
+        DType.BOOL: torch.bool,
+    }
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The graph caches: a compiled graph is looked up by a key derived from its canonical IR text
 (which holds the input shapes and dtypes), the compile options, the target and the versions of
 neuroncc and the executable format. Identical graphs (the repeated blocks of a transformer)
-share one entry.
+share one entry (the key: disk_cache.cache_key).
 
 `lookup_or_compile` is the one path: the process's memory cache, then the persistent cache on
 disk (disk_cache.py), then a compile, stored in both. Each outcome is counted in stats().
@@ -9,24 +9,14 @@ disk (disk_cache.py), then a compile, stored in both. Each outcome is counted in
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
 
 from neuroncc import __version__
-from neuroncc.codegen.program import FORMAT_VERSION
 from neuroncc.runtime.disk_cache import DiskCache, Entry
 from neuroncc.runtime.executor import CompiledExecutable
 from neuroncc.runtime.stats import STATS
-
-
-def cache_key(ir_text: str, options_key: str, target: str, version: str) -> str:
-    h = hashlib.sha256()
-    for part in (ir_text, options_key, target, version, str(FORMAT_VERSION)):
-        h.update(part.encode())
-        h.update(b"\0")
-    return h.hexdigest()
 
 
 class MemoryCache:

@@ -6,7 +6,8 @@ directory from platformdirs):
     v<CACHE_FORMAT>/<key[:2]>/<key>.json     one entry per compiled graph
     locks/<key[:2]>/<key>.lock               the lock a process holds while compiling that key
 
-An entry is a one-line JSON header {"format", "neuroncc", "key", "sha256", "bytes"}, a newline,
+An entry is a one-line JSON header {"format", "neuroncc", "key", "name", "target", "sha256",
+"bytes"}, a newline,
 and the body: the JSON of {"executable", "profile", "meta"}, whose length and digest the header
 holds (the body is parsed once, after its digest checks out: that is most of a hit's cost).
 
@@ -46,7 +47,7 @@ from typing import Any
 
 import filelock
 
-from neuroncc.codegen.program import Executable, no_gc
+from neuroncc.codegen.program import FORMAT_VERSION, Executable, no_gc
 from neuroncc.runtime.timing import Profile
 
 CACHE_FORMAT = 1
@@ -70,6 +71,16 @@ class EntryInfo:
 
 class CorruptEntry(Exception):
     """An entry file that is not a valid entry; the message says why."""
+
+
+def cache_key(ir_text: str, options_key: str, target: str, version: str) -> str:
+    """The key of a compiled graph in both caches: its canonical IR text (shapes and dtypes
+    included), compile options, target, and the neuroncc and executable-format versions."""
+    h = hashlib.sha256()
+    for part in (ir_text, options_key, target, version, str(FORMAT_VERSION)):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
 
 
 def default_root() -> Path:
@@ -234,6 +245,8 @@ def encode_entry(entry: Entry, key: str) -> bytes:
         "format": CACHE_FORMAT,
         "neuroncc": entry.meta["neuroncc"],
         "key": key,
+        "name": entry.meta["name"],  # for listings, which read only headers
+        "target": entry.meta["target"],
         "sha256": hashlib.sha256(body).hexdigest(),
         "bytes": len(body),
     }

@@ -282,6 +282,64 @@ def time_executable(exe: Executable, t: Target) -> Profile:
     )
 
 
+@dataclass(frozen=True)
+class KernelCost:
+    """One kernel of an executable: its span in the schedule and what it does in it.
+    fraction = roofline_ns / (end_ns - start_ns), the kernel's own roofline being
+    max(matmul FLOPs / peak, its HBM bytes / bandwidth)."""
+
+    name: str
+    start_ns: float
+    end_ns: float
+    engine: str  # the engine busiest in it
+    busy_ns: dict[str, float]
+    instructions: int
+    flops: int
+    hbm_bytes: int
+    roofline_ns: float
+
+    @property
+    def ns(self) -> float:
+        return self.end_ns - self.start_ns
+
+    @property
+    def fraction(self) -> float:
+        return self.roofline_ns / self.ns if self.ns else 1.0
+
+
+def kernel_costs(exe: Executable, t: Target) -> list[KernelCost]:
+    sched, _ = schedule(exe, t)
+    out = []
+    for k in exe.kernels:
+        if k.start == k.stop:
+            continue
+        busy: dict[str, float] = defaultdict(float)
+        flops = hbm = 0
+        compute_ns = 0.0
+        for i in range(k.start, k.stop):
+            ins = exe.instructions[i]
+            group = "dma" if _is_dma(ins) else ins.engine
+            busy[group] += sched.end[i] - sched.start[i]
+            if isinstance(ins, isa.Matmul):
+                flops += costs.matmul_flops(ins)
+                compute_ns += costs.matmul_flops(ins) / t.peak_flops_per_ns(ins.moving.dtype)
+            hbm += sum(_hbm_bytes(ins))
+        out.append(
+            KernelCost(
+                name=k.name,
+                start_ns=min(sched.start[k.start : k.stop]),
+                end_ns=max(sched.end[k.start : k.stop]),
+                engine=max(busy, key=busy.__getitem__),
+                busy_ns=dict(busy),
+                instructions=k.stop - k.start,
+                flops=flops,
+                hbm_bytes=hbm,
+                roofline_ns=max(compute_ns, hbm / t.hbm_gbps),
+            )
+        )
+    return out
+
+
 _TRACK_NAMES = {"pe": "TensorE", "act": "ScalarE", "dve": "VectorE", "pool": "GpSimdE"}
 
 

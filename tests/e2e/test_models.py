@@ -266,11 +266,25 @@ def test_dump_dir_writes_every_stage(fresh, tmp_path):
         "02-simplify.txt",
         "03-fuse.txt",
         "04-program.txt",
+        "graph.json",
         "program.json",
     ]
     assert "gelu" in (folder / "01-nir.txt").read_text()
     exe = Executable.from_json((folder / "program.json").read_text())
     assert exe.target == "trn2" and json.loads(exe.to_json())["version"] == FORMAT_VERSION
+    meta = json.loads((folder / "graph.json").read_text())
+    assert meta["inputs"] == ["f32[4,4]"] and meta["compile_seconds"] > 0
+    # A graph found in the cache is dumped too, with the same stages.
+    torch._dynamo.reset()
+    again = tmp_path / "again"
+    torch.compile(
+        lambda x: F.gelu(x @ x.T).sum(-1), backend="neuron", options={"dump_dir": str(again)}
+    )(torch.randn(4, 4))
+    (hit,) = again.iterdir()
+    assert sorted(p.name for p in hit.iterdir()) == names
+    assert json.loads((hit / "graph.json").read_text())["cache_hit"] is True
+    body = [(d / "03-fuse.txt").read_text().split("\n", 1)[1] for d in (hit, folder)]
+    assert body[0] == body[1]  # the same graph, but for its name
 
 
 def test_bf16_model_runs(fresh):

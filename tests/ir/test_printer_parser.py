@@ -65,3 +65,31 @@ def test_parse_errors(text, message):
     with pytest.raises(ParseError) as e:
         parse(text)
     assert message in str(e.value)
+
+
+@given(graphs())
+def test_json_form_round_trips(g):
+    import json
+
+    from neuroncc.ir.jsonform import graph_from_json, graph_to_json
+
+    assert graph_from_json(json.loads(json.dumps(graph_to_json(g)))) == g
+
+
+def test_json_form_keeps_fused_kernels_and_infinities():
+    import json
+
+    from neuroncc.ir.jsonform import graph_from_json, graph_to_json
+
+    text = """graph @main(%0: f32[4,8]) {
+  fuse {
+    %1 = full {shape=[4,8], value=-inf, dtype=f32} : f32[4,8]
+    %2 = max %0, %1 : f32[4,8]
+  }
+  return %2
+}
+"""
+    g = parse(text)
+    assert g.kernels
+    data = json.loads(json.dumps(graph_to_json(g), allow_nan=False))
+    assert graph_from_json(data) == g
