@@ -3,7 +3,8 @@
     python tools/bench_cache.py [--quick] [--json cache.json]
 
 The graphs are those of the suite's transformer blocks (GPT-2 forward + backward, Llama
-forward), recorded into a manifest without compiling (trace only). Then:
+forward and decode step), its MLP, LayerNorm, softmax and attention at 512, recorded into a
+manifest without compiling (trace only). Then:
 - warmup throughput: `compile_manifest` into an empty cache with 1 and with 2 jobs;
 - hit / compile: a new process loads each graph from the warm cache (read, checksum, decode),
   as the real run does, against the compile time the entry recorded (passes, emit, timing).
@@ -27,7 +28,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from neuroncc.frontend import recording, warmup
 from tools import bench
 
-WORKLOADS = ("gpt2_block_fwd_bwd", "llama_block_fwd")
+WORKLOADS = (
+    "gpt2_block_fwd_bwd",
+    "llama_block_fwd",
+    "llama_decode_step",
+    "mlp",
+    "layernorm",
+    "softmax",
+    "attention_512",
+)
 
 # Run in a new process: load every manifest entry from the cache, timed one by one.
 _LOAD = """

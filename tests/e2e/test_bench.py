@@ -63,8 +63,9 @@ def test_fused_and_blocked_code_is_faster_than_one_kernel_per_op(fresh, target):
 
 def test_cache_benchmark_quick():
     result = bench_cache.run(quick=True)
-    assert len(result["graphs"]) == 3  # GPT-2 block forward and backward, Llama forward
+    n = len(result["graphs"])  # 8 distinct graphs; at the quick shapes two coincide
+    assert n >= 7
     for g in result["graphs"].values():  # wall times: reported, never compared in a test
         assert g["hit_s"] > 0 and g["compile_s"] > 0 and g["instructions"] > 0
-    assert all(t["graphs"] == 3 for t in result["warmup"].values())
+    assert all(t["graphs"] == n for t in result["warmup"].values())
     bench_cache.print_report(result)
