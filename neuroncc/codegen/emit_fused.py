@@ -7,7 +7,10 @@ are a row (C = their product elements) and whose leading axes count the rows (R)
 - row: shape F[:-k] + (1,)*k or F[:-k], one element per row ([R, 1] tiles);
 - col: shape (1,)*(rank-k) + F[-k:], the same row for every row (loaded once, partition stride
   0), only as the input of a broadcast (whose result reads that tile: "bcast_col");
-- scalar: one element, only as the input of a broadcast.
+- scalar: one element, only as the input of a broadcast;
+- period: shape (1,)*a + F[a:], rows repeating with period R' = prod(F[a:-k]) (a causal mask
+  broadcast over batch and heads), only as the input of a broadcast, whose result
+  ("bcast_period") reads rows r0 mod R' onwards, loaded per row step.
 A broadcast of a row or scalar value to full costs nothing: its users read the [p, 1] tile,
 which VectorE applies to every element of the row (the per-partition scalar operand of
 tensor_tensor / select). Reductions over the trailing k axes turn a full value into a row value.
@@ -60,6 +63,10 @@ def _classify(shape: tuple[int, ...], full: tuple[int, ...], k: int) -> str | No
         return "col"
     if math.prod(shape) == 1:
         return "scalar"
+    if len(shape) == len(full) and any(
+        shape[:a] == (1,) * a and shape[a:] == full[a:] for a in range(1, len(lead))
+    ):
+        return "period"  # the same block of rows over and over (a mask for every head)
     return None
 
 
@@ -84,16 +91,20 @@ _AS = {
     "full": "full",
     "const_full": "full",
     "bcast_col": "full",
+    "bcast_period": "full",
     "row": "row",
     "const_row": "row",
 }
 
 
-def plan(nodes: Sequence[Node], target: Target) -> RowPlan | None:
-    """The row plan of a candidate group, or None if codegen cannot emit it as one kernel."""
+def plan(
+    nodes: Sequence[Node], target: Target, sig: tuple[tuple[int, ...], int] | None = None
+) -> RowPlan | None:
+    """The row plan of a candidate group, or None if codegen cannot emit it as one kernel.
+    `sig` (full shape, k) is taken from the first node unless given."""
     if not nodes or not all(fusible(n) for n in nodes):
         return None
-    sig = _signature(nodes[0])
+    sig = sig or _signature(nodes[0])
     if sig is None:
         return None
     full, k = sig
@@ -120,7 +131,7 @@ def plan(nodes: Sequence[Node], target: Target) -> RowPlan | None:
             # Same elements in the same order: the input takes the output's class.
             c = _classify(n.out.type.shape, full, k)
             have = kind.get(n.inputs[0].id)
-            if c not in ("row", "col") or (have is not None and have != c):
+            if c not in ("row", "col", "period") or (have is not None and have != c):
                 return None
             if have is None and n.inputs[0].id in defined:
                 return None
@@ -135,9 +146,13 @@ def plan(nodes: Sequence[Node], target: Target) -> RowPlan | None:
                 "const_row",
                 "col",
                 "scalar",
+                "period",
             ):
                 return None
-            kind[n.out.id] = "bcast_col" if ins[0] == "col" else "bcast"
+            if ins[0] == "period" and n.inputs[0].id in defined:
+                return None  # a computed period would need its own layout
+            named = {"col": "bcast_col", "period": "bcast_period"}
+            kind[n.out.id] = named.get(ins[0], "bcast")
             continue
         if n.op in _REDUCE:
             if _AS.get(ins[0]) != "full" or n.inputs[0].type.shape != full:
@@ -164,6 +179,30 @@ def plan(nodes: Sequence[Node], target: Target) -> RowPlan | None:
     return p
 
 
+def epilogue_plan(mm: Node, nodes: Sequence[Node], target: Target) -> RowPlan | None:
+    """The plan of elementwise `nodes` applied to matmul `mm`'s result as each tile of it
+    leaves PSUM (Note [matmul epilogue] in emit_matmul.py), or None. Rows are the result's
+    rows, columns its N; no reductions (a step sees a piece of a row). The group need not use
+    the matmul result yet (a bias broadcast may come first): `uses_result` says."""
+    if any(n.op in _REDUCE for n in nodes):
+        return None
+    shape = mm.out.type.shape
+    p = plan(nodes, target, (shape, 1)) if shape else None
+    if p is None or p.kind.get(mm.out.id, "full") != "full":
+        return None
+    return replace(p, rows=math.prod(shape[:-1]), cols=shape[-1], flat=False)
+
+
+def uses_result(mm: Node, p: RowPlan) -> bool:
+    return mm.out.id in p.kind
+
+
+def epilogue_sbuf_bytes(nodes: Sequence[Node], p: RowPlan, step_cols: int, t: Target) -> int:
+    """What a RowKernel for an epilogue takes per partition: steps step_cols wide, constants
+    as wide as the row."""
+    return _sbuf_bytes(nodes, p, rounds_in_flight(nodes, p, t), step_cols)
+
+
 def _values_per_slot(nodes: Sequence[Node], p: RowPlan) -> list[int]:
     slots = _assign_slots(nodes, p)
     per_slot = [0] * (max(slots.values(), default=-1) + 1)
@@ -172,15 +211,20 @@ def _values_per_slot(nodes: Sequence[Node], p: RowPlan) -> list[int]:
     return per_slot
 
 
-def _sbuf_bytes(nodes: Sequence[Node], p: RowPlan, rounds: int = 2) -> int:
-    """Per-partition SBUF the kernel needs: `rounds` row steps of every slot's values (so steps
-    overlap), one tile per col value and constant, small tiles for row values."""
+def _sbuf_bytes(
+    nodes: Sequence[Node], p: RowPlan, rounds: int = 2, step_cols: int | None = None
+) -> int:
+    """Per-partition SBUF the kernel needs: `rounds` steps of every slot's values (so steps
+    overlap), one tile per col value and constant, small tiles for row values. Steps are a
+    whole row wide (a column chunk for flat groups) unless step_cols says otherwise."""
     itemsize = max(v.type.dtype.itemsize for n in nodes for v in (*n.inputs, n.out))
     row_bytes = (p.cols if not p.flat else min(p.cols, COLUMN_CHUNK_BYTES // itemsize)) * itemsize
-    full = sum(_values_per_slot(nodes, p)) * rounds * row_bytes
+    step_bytes = row_bytes if step_cols is None else step_cols * itemsize
+    periods = sum(1 for c in p.kind.values() if c == "period")
+    full = (sum(_values_per_slot(nodes, p)) + periods) * rounds * step_bytes
     cols = sum(1 for c in p.kind.values() if c in ("col", "const_full"))
     rows = sum(1 for c in p.kind.values() if c in ("row", "bcast", "scalar", "const_row"))
-    extra = 2 * row_bytes if "bcast" in p.kind.values() else 0
+    extra = 2 * step_bytes if "bcast" in p.kind.values() else 0
     return full + cols * row_bytes + rounds * 2 * rows * 64 + extra
 
 
@@ -238,77 +282,93 @@ def emit_fused(ctx: EmitCtx, nodes: Sequence[Node]) -> None:
     p = plan(nodes, ctx.target)
     if p is None:
         raise AssertionError("the fuse pass formed a group codegen cannot emit")
-    b = ctx.b
-    defined = {n.out.id for n in nodes}
-    users = ctx.graph.users()
-    outputs = {v.id for v in ctx.graph.outputs}
-    escaping = [
-        n.out
-        for n in nodes
-        if n.out.id in outputs or any(u.out.id not in defined for u in users[n.out.id])
-    ]
-    for v in escaping:
-        ctx.alloc(v)
-    if p.rows == 0 or p.cols == 0:
-        return  # empty tensors: the buffers exist, nothing moves
     itemsize = max(v.type.dtype.itemsize for n in nodes for v in (*n.inputs, n.out))
     chunk = p.cols if not p.flat else max(1, min(p.cols, COLUMN_CHUNK_BYTES // itemsize))
-    slots = _assign_slots(nodes, p)
-    # Pools hold two or three rounds of what one row step allocates, so step i+1 loads while
-    # step i computes and no value is overwritten while live.
-    rounds = rounds_in_flight(nodes, p, ctx.target)
-    slot_pools = [
-        b.sbuf_pool(chunk * itemsize, bufs=rounds * n) for n in _values_per_slot(nodes, p)
-    ]
-    row_pool = b.sbuf_pool(64, bufs=rounds * max(1, _row_tiles_per_step(nodes, p)))
-    # Where an escaping broadcast is materialised before it is stored.
-    extra_pool = b.sbuf_pool(chunk * itemsize, bufs=2) if "bcast" in p.kind.values() else None
-    # Values the same for every row step, made once: col rows and scalars loaded from HBM
-    # with partition stride 0, constants memset.
-    external = [vid for vid, c in p.kind.items() if vid not in defined and c in ("col", "scalar")]
-    made = [n for n in nodes if n.op == Op.FULL]
-    wide = {vid for vid, c in p.kind.items() if c in ("col", "const_full")}
-    n_wide = sum(1 for v in external if v in wide) + sum(1 for n in made if n.out.id in wide)
-    wide_pool = b.sbuf_pool(chunk * itemsize, bufs=max(1, n_wide))
-    narrow_pool = b.sbuf_pool(64, bufs=max(1, len(external) + len(made) - n_wide))
-    consts: dict[int, isa.TileRef] = {}
-    first_p = min(P, p.rows)
-
-    def const_tile(vid: int, dtype: DType) -> isa.TileRef:
-        if vid in wide:
-            return wide_pool.tile(first_p, (chunk,), dtype)
-        return narrow_pool.tile(first_p, (1,), dtype)
-
-    for vid in external:
-        v = _value(nodes, vid)
-        t = const_tile(vid, v.type.dtype)
-        b.dma(t, isa.DramRef(ctx.buf(v), 0, v.type.dtype, ((0, first_p), (1, t.free_elems))))
-        consts[vid] = t
-    for n in made:
-        t = const_tile(n.out.id, n.out.type.dtype)
-        b.emit(isa.Memset("pool", dst=t, value=float(n.attr("value"))))
-        consts[n.out.id] = t
-    balance = EngineBalancer(ctx.target)
+    kernel = RowKernel(ctx, nodes, p, chunk, chunk)
+    if p.rows == 0 or p.cols == 0:
+        return  # empty tensors: the buffers exist, nothing moves
     for r0 in range(0, p.rows, P):
         rp = min(P, p.rows - r0)
         for c0 in range(0, p.cols, chunk):
-            f = min(chunk, p.cols - c0)
-            _emit_tile(
-                ctx,
-                nodes,
-                p,
-                slots,
-                slot_pools,
-                row_pool,
-                extra_pool,
-                consts,
-                escaping,
-                balance,
-                r0,
-                rp,
-                c0,
-                f,
-            )
+            kernel.step(r0, rp, c0, min(chunk, p.cols - c0))
+
+
+class RowKernel:
+    """A fused group's buffers, pools and constants, and `step`: one [rows, columns] tile of it.
+
+    Steps are `step_cols` wide at most; constants (col values, memsets) are `const_cols` wide:
+    the whole row where steps walk a row in pieces (a matmul epilogue, Note [matmul
+    epilogue]), the step width where every piece is alike (a flat group)."""
+
+    def __init__(
+        self, ctx: EmitCtx, nodes: Sequence[Node], p: RowPlan, step_cols: int, const_cols: int
+    ) -> None:
+        b = ctx.b
+        self.ctx, self.nodes, self.p = ctx, nodes, p
+        defined = {n.out.id for n in nodes}
+        users = ctx.graph.users()
+        outputs = {v.id for v in ctx.graph.outputs}
+        self.escaping = [
+            n.out
+            for n in nodes
+            if n.out.id in outputs or any(u.out.id not in defined for u in users[n.out.id])
+        ]
+        for v in self.escaping:
+            ctx.alloc(v)
+        if p.rows == 0 or p.cols == 0:
+            return
+        itemsize = max(v.type.dtype.itemsize for n in nodes for v in (*n.inputs, n.out))
+        self.slots = _assign_slots(nodes, p)
+        # Pools hold two or three rounds of what one step allocates, so step i+1 loads while
+        # step i computes and no value is overwritten while live.
+        rounds = rounds_in_flight(nodes, p, ctx.target)
+        self.slot_pools = [
+            b.sbuf_pool(step_cols * itemsize, bufs=rounds * n) for n in _values_per_slot(nodes, p)
+        ]
+        self.row_pool = b.sbuf_pool(64, bufs=rounds * max(1, _row_tiles_per_step(nodes, p)))
+        periods = sum(1 for c in p.kind.values() if c == "period")
+        self.period_pool = (
+            b.sbuf_pool(step_cols * itemsize, bufs=rounds * periods) if periods else None
+        )
+        # Where an escaping broadcast is materialised before it is stored.
+        bcast = "bcast" in p.kind.values()
+        self.extra_pool = b.sbuf_pool(step_cols * itemsize, bufs=2) if bcast else None
+        # Values the same for every step, made once: col rows and scalars loaded from HBM
+        # with partition stride 0, constants memset.
+        external = [
+            vid for vid, c in p.kind.items() if vid not in defined and c in ("col", "scalar")
+        ]
+        made = [n for n in nodes if n.op == Op.FULL]
+        wide = {vid for vid, c in p.kind.items() if c in ("col", "const_full")}
+        n_wide = sum(1 for v in external if v in wide) + sum(1 for n in made if n.out.id in wide)
+        wide_pool = b.sbuf_pool(const_cols * itemsize, bufs=max(1, n_wide))
+        narrow_pool = b.sbuf_pool(64, bufs=max(1, len(external) + len(made) - n_wide))
+        self.consts: dict[int, isa.TileRef] = {}
+        self.whole_rows = const_cols == p.cols  # constants hold the whole row: slice at c0
+        first_p = min(P, p.rows)
+
+        def const_tile(vid: int, dtype: DType) -> isa.TileRef:
+            if vid in wide:
+                return wide_pool.tile(first_p, (const_cols,), dtype)
+            return narrow_pool.tile(first_p, (1,), dtype)
+
+        for vid in external:
+            v = _value(nodes, vid)
+            t = const_tile(vid, v.type.dtype)
+            b.dma(t, isa.DramRef(ctx.buf(v), 0, v.type.dtype, ((0, first_p), (1, t.free_elems))))
+            self.consts[vid] = t
+        for n in made:
+            t = const_tile(n.out.id, n.out.type.dtype)
+            b.emit(isa.Memset("pool", dst=t, value=float(n.attr("value"))))
+            self.consts[n.out.id] = t
+        self.balance = EngineBalancer(ctx.target)
+
+    def step(
+        self, r0: int, rp: int, c0: int, f: int, given: dict[int, isa.TileRef] | None = None
+    ) -> None:
+        """Rows r0..r0+rp, columns c0..c0+f: load, compute every node, store. `given` are
+        values already on chip for this step (the matmul result of an epilogue)."""
+        _emit_tile(self, r0, rp, c0, f, dict(given or {}))
 
 
 class EngineBalancer:
@@ -364,11 +424,27 @@ def _row_tiles_per_step(nodes: Sequence[Node], p: RowPlan) -> int:
     return count
 
 
-def _fit(const: isa.TileRef, rp: int, f: int) -> isa.TileRef:
-    """A constant tile seen by one step: its first rp partitions, and for a full-width one its
-    first f columns (the last column chunk of a flat kernel can be narrower)."""
+def _fit(const: isa.TileRef, rp: int, c0: int, f: int, whole_rows: bool) -> isa.TileRef:
+    """A constant tile seen by one step: its first rp partitions, and for a full-width one the
+    step's f columns: from c0 where it holds the whole row, else its first f (every column
+    chunk of a flat kernel sees the same constant; the last one can be narrower)."""
     t = const.rows(rp)
-    return t.cols(0, f) if t.free_elems > 1 and t.free_elems != f else t
+    if t.free_elems == 1 or (t.free_elems == f and not whole_rows):
+        return t
+    return t.cols(c0 if whole_rows else 0, f)
+
+
+def _load_period(ctx, v: Value, t: isa.TileRef, r0: int, rp: int, c0: int, f: int, cols: int):
+    """Rows r0..r0+rp of a value whose rows repeat every R' (its own row count): one DMA per
+    run of rows that does not wrap around."""
+    period = v.type.numel // cols
+    done = 0
+    while done < rp:
+        src_row = (r0 + done) % period
+        run = min(rp - done, period - src_row)
+        dst = replace(t, p0=t.p0 + done, np=run)
+        ctx.b.dma(dst, rect(ctx.buf(v), v.type.dtype, src_row * cols + c0, cols, run, f))
+        done += run
 
 
 def _value(nodes: Sequence[Node], vid: int) -> Value:
@@ -379,25 +455,26 @@ def _value(nodes: Sequence[Node], vid: int) -> Value:
     raise KeyError(vid)
 
 
-def _emit_tile(
-    ctx, nodes, p, slots, slot_pools, row_pool, extra_pool, consts, escaping, balance, r0, rp, c0, f
-):
+def _emit_tile(k: RowKernel, r0: int, rp: int, c0: int, f: int, tiles: dict) -> None:
     """One [rp rows, f columns] step of the kernel: load, compute every node, store."""
+    ctx, nodes, p, consts = k.ctx, k.nodes, k.p, k.consts
     b = ctx.b
-    tiles: dict[int, isa.TileRef] = {}
-    escaping_ids = {v.id for v in escaping}
+    escaping_ids = {v.id for v in k.escaping}
 
     def tile_of(v: Value) -> isa.TileRef:
         if v.id in tiles:
             return tiles[v.id]
         c = p.kind[v.id]
         if c in ("col", "scalar", "const_full", "const_row"):
-            t = _fit(consts[v.id], rp, f)
+            t = _fit(consts[v.id], rp, c0, f, k.whole_rows)
         elif c == "full":
-            t = slot_pools[slots[v.id]].tile(rp, (f,), v.type.dtype)
+            t = k.slot_pools[k.slots[v.id]].tile(rp, (f,), v.type.dtype)
             b.dma(t, rect(ctx.buf(v), v.type.dtype, r0 * p.cols + c0, p.cols, rp, f))
+        elif c == "period":
+            t = k.period_pool.tile(rp, (f,), v.type.dtype)
+            _load_period(ctx, v, t, r0, rp, c0, f, p.cols)
         else:  # row
-            t = row_pool.tile(rp, (1,), v.type.dtype)
+            t = k.row_pool.tile(rp, (1,), v.type.dtype)
             b.dma(t, rect(ctx.buf(v), v.type.dtype, r0, 1, rp, 1))
         tiles[v.id] = t
         return t
@@ -405,10 +482,10 @@ def _emit_tile(
     def store(v: Value, t: isa.TileRef) -> None:
         c, dt = p.kind[v.id], v.type.dtype
         if c == "bcast":  # materialise the per-partition scalar across the row
-            full_t = extra_pool.tile(rp, (f,), dt)
+            full_t = k.extra_pool.tile(rp, (f,), dt)
             b.emit(isa.TensorTensor("dve", op="max", dst=full_t, a=t, b=t))
             t, c = full_t, "full"
-        if c in ("full", "const_full", "bcast_col"):
+        if c in ("full", "const_full", "bcast_col", "bcast_period"):
             b.dma(rect(ctx.buf(v), dt, r0 * p.cols + c0, p.cols, rp, f), t)
         elif c in ("row", "const_row"):
             b.dma(rect(ctx.buf(v), dt, r0, 1, rp, 1), t)
@@ -420,23 +497,23 @@ def _emit_tile(
         if n.op in (Op.BROADCAST, Op.RESHAPE, Op.FULL):
             # Read as a per-partition scalar, a col row or a constant tile: nothing to compute.
             src = consts[n.out.id] if n.op == Op.FULL else tile_of(n.inputs[0])
-            tiles[n.out.id] = _fit(src, rp, f) if n.op == Op.FULL else src
+            tiles[n.out.id] = _fit(src, rp, c0, f, k.whole_rows) if n.op == Op.FULL else src
             if n.out.id in escaping_ids:
                 store(n.out, tiles[n.out.id])
             continue
         srcs = [tile_of(v) for v in n.inputs]
         if c == "full":
-            dst = slot_pools[slots[n.out.id]].tile(rp, (f,), n.out.type.dtype)
+            dst = k.slot_pools[k.slots[n.out.id]].tile(rp, (f,), n.out.type.dtype)
         else:
-            dst = row_pool.tile(rp, (1,), n.out.type.dtype)
+            dst = k.row_pool.tile(rp, (1,), n.out.type.dtype)
         if n.op in _REDUCE:
             acc_dt = DType.F32 if n.inputs[0].type.dtype.is_float else DType.I64
-            acc = dst if dst.dtype == acc_dt else row_pool.tile(rp, (1,), acc_dt)
+            acc = dst if dst.dtype == acc_dt else k.row_pool.tile(rp, (1,), acc_dt)
             b.emit(isa.TensorReduce("dve", op=_REDUCE[n.op], dst=acc, src=srcs[0]))
             if acc is not dst:
                 b.emit(isa.TensorCopy("dve", dst=dst, src=acc))
         else:
-            b.emit(balance.place(_compute_instr(n, dst, srcs)))
+            b.emit(k.balance.place(_compute_instr(n, dst, srcs)))
         tiles[n.out.id] = dst
         if n.out.id in escaping_ids:
             store(n.out, dst)

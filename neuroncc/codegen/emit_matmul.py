@@ -13,16 +13,24 @@ from HBM once, B once per M block. TM is as large as PSUM banks and SBUF allow: 
 (B only) shrinks relative to its TensorE time as TM grows, which is what makes the big GEMMs
 compute-bound. The choice reads the target's PSUM banks and SBUF size; where even one M tile of
 A^T does not fit (a very long K) the plain tiled schedule is used.
+
+Note [matmul epilogue]: elementwise work on the result (bias, activation, residual add,
+scaling, a cast) that the fuse pass grouped after the matmul runs on each [rows, <= 512] tile as
+it is copied out of PSUM (a RowKernel step, emit_fused.py), so the raw product never goes to
+HBM and back unless something outside the group reads it. The epilogue's SBUF comes out of the
+A^T budget; where blocking then fails, the epilogue runs as its own kernel after the matmul.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from neuroncc.codegen import isa
 from neuroncc.codegen.builder import TilePool
 from neuroncc.codegen.emit import EmitCtx, P, rect, register
+from neuroncc.codegen.emit_fused import RowKernel, emit_fused, epilogue_plan, epilogue_sbuf_bytes
 from neuroncc.codegen.targets import Target
 from neuroncc.ir.graph import Node
 from neuroncc.ir.ops import Op
@@ -72,13 +80,14 @@ class Blocking:
 
 
 def choose_blocking(
-    m: int, k: int, n: int, dtype: DType, t: Target, transposes: bool
+    m: int, k: int, n: int, dtype: DType, t: Target, transposes: bool, reserve: int = 0
 ) -> Blocking | None:
+    """`reserve`: SBUF bytes per partition an epilogue needs beside the blocks."""
     banks = t.psum_partition_bytes // t.psum_bank_bytes
     banks -= PSUM_TRANSPOSE_BANKS if transposes else 0
     m_tiles, n_tiles = math.ceil(m / P), math.ceil(n / t.pe_moving_fmax)
     at_bytes_per_tile = math.ceil(k / P) * P * dtype.itemsize  # A^T of one M tile
-    fits = int(SBUF_SHARE * t.sbuf_partition_bytes // max(at_bytes_per_tile, 1))
+    fits = int((SBUF_SHARE * t.sbuf_partition_bytes - reserve) // max(at_bytes_per_tile, 1))
     tm = min(m_tiles, banks, fits)
     if tm < 1:
         return None
@@ -86,7 +95,9 @@ def choose_blocking(
 
 
 @register(Op.MATMUL)
-def emit_matmul(ctx: EmitCtx, n: Node) -> None:
+def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
+    """The matmul n, and the elementwise `epilogue` (a fused group after it) applied to each
+    result tile as it leaves PSUM (Note [matmul epilogue])."""
     b, t = ctx.b, ctx.target
     a_v, b_v = n.inputs
     *batch, m, k = a_v.type.shape
@@ -94,17 +105,26 @@ def emit_matmul(ctx: EmitCtx, n: Node) -> None:
     dt, odt = a_v.type.dtype, n.out.type.dtype
     folded = ctx.transposed_view.get(a_v.id)  # A^T already in HBM: load it as it is
     a_buf = folded if folded is not None else ctx.buf(a_v)
-    b_buf, out = ctx.buf(b_v), ctx.alloc(n.out)
-    if m == 0 or nn == 0:
-        return
+    b_buf = ctx.buf(b_v)
+    nf = t.pe_moving_fmax
+    epi_plan = epilogue_plan(n, epilogue, t) if epilogue else None
+    reserve = epilogue_sbuf_bytes(epilogue, epi_plan, nf, t) if epi_plan else 0
     on_pe = folded is None and t.pe_exact_transpose
-    blocking = choose_blocking(m, k, nn, dt, t, on_pe) if k else None
-    if blocking is None:
-        _emit_zero_or_simple(ctx, n, a_buf, b_buf, out, folded is not None)
+    blocking = choose_blocking(m, k, nn, dt, t, on_pe, reserve) if k and m and nn else None
+    if blocking is None:  # the epilogue, if any, as a kernel of its own after the matmul
+        out = ctx.alloc(n.out)
+        if m and nn:
+            _emit_zero_or_simple(ctx, n, a_buf, b_buf, out, folded is not None)
+        if epilogue:
+            emit_fused(ctx, epilogue)
         return
+    group = {e.out.id for e in epilogue}
+    escapes = not epilogue or n.out.id in {v.id for v in ctx.graph.outputs}
+    escapes = escapes or any(u.out.id not in group for u in ctx.users[n.out.id])
+    out = ctx.alloc(n.out) if escapes else None
+    epi = RowKernel(ctx, epilogue, epi_plan, nf, epi_plan.cols) if epi_plan else None
     tm, tn = blocking.tm, blocking.tn
     kt_n = math.ceil(k / P)
-    nf = t.pe_moving_fmax
     transpose = PeTransposer(ctx, dt) if on_pe else None
     at_pool = b.sbuf_pool(tm * P * dt.itemsize, bufs=kt_n)  # A^T of one M block, all of K
     # A is read in [rows, chunk] pieces (long contiguous rows: few DMA descriptors), each
@@ -183,7 +203,10 @@ def emit_matmul(ctx: EmitCtx, n: Node) -> None:
                 ot = o_pool.tile(mt, (w,), odt)
                 engine = "act" if (j + c) % 2 else "dve"  # spread the PSUM evacuations
                 b.emit(isa.TensorCopy(engine, dst=ot, src=tile))
-                b.dma(rect(out, odt, o_off + r0 * nn + c0, nn, mt, w), ot)
+                if out is not None:
+                    b.dma(rect(out, odt, o_off + r0 * nn + c0, nn, mt, w), ot)
+                if epi is not None:
+                    epi.step(bi * m + r0, mt, c0, w, {n.out.id: ot})
 
 
 def _emit_zero_or_simple(

@@ -9,6 +9,7 @@ from neuroncc.codegen.program import Executable
 from neuroncc.codegen.targets import Target
 from neuroncc.errors import CodegenError
 from neuroncc.ir.graph import Graph
+from neuroncc.ir.ops import Op
 from neuroncc.ir.printer import format_node
 
 
@@ -23,7 +24,10 @@ def emit_graph(g: Graph, target: Target) -> Executable:
         if k is not None:
             group = nodes[i : i + len(g.kernels[k])]
             with ctx.b.kernel(f"fused.{n.out.id}-{group[-1].out.id}"):
-                emit_fused(ctx, group)
+                if n.op is Op.MATMUL:
+                    emit_matmul.emit_matmul(ctx, n, group[1:])  # Note [matmul epilogue]
+                else:
+                    emit_fused(ctx, group)
             i += len(group)
             continue
         with ctx.b.kernel(f"{n.op.value}.{n.out.id}"):

@@ -1,6 +1,8 @@
 """fuse: group runs of elementwise ops, broadcasts and trailing reductions into row kernels
 (codegen/emit_fused.py), so softmax, LayerNorm, RMSNorm and elementwise chains each read their
-inputs from HBM once and write their results once.
+inputs from HBM once and write their results once; and a matmul with the elementwise ops after
+it (bias, activation, residual, scaling, cast: Note [matmul epilogue] in emit_matmul.py), so
+its result is finished on the way out of PSUM instead of going through HBM.
 
 The decision is the cost model's: a group forms only where codegen can emit it within the
 target's SBUF (`emit_fused.plan`), and only where it saves HBM traffic, i.e. some value made in
@@ -14,8 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from neuroncc.codegen.emit_fused import fusible, plan
+from neuroncc.codegen.emit_fused import epilogue_plan, fusible, plan, uses_result
 from neuroncc.ir.graph import Graph, Node
+from neuroncc.ir.ops import Op
 from neuroncc.passes.manager import PassContext, register_pass
 
 
@@ -31,15 +34,30 @@ class Fuse:
         run: list[Node] = []
 
         def close() -> None:
+            if run and run[0].op is Op.MATMUL:
+                p = epilogue_plan(run[0], run[1:], ctx.target) if len(run) > 1 else None
+                if p is not None and uses_result(run[0], p):
+                    # Always a saving: the epilogue reads the product on chip, not from HBM.
+                    kernels.append(tuple(n.out.id for n in run))
+                    return
+                del run[0]  # no epilogue: what followed may still be a group of its own
             if len(run) >= 2 and _saves_traffic(run, users, outputs):
                 kernels.append(tuple(n.out.id for n in run))
 
+        def extends(n: Node) -> bool:
+            if not run or not fusible(n):
+                return False
+            if run[0].op is Op.MATMUL:
+                return epilogue_plan(run[0], [*run[1:], n], ctx.target) is not None
+            return plan([*run, n], ctx.target) is not None
+
         for n in g.nodes:
-            if fusible(n) and plan([*run, n], ctx.target) is not None:
+            if extends(n):
                 run.append(n)
                 continue
             close()
-            run = [n] if fusible(n) and plan([n], ctx.target) is not None else []
+            starts = n.op is Op.MATMUL or (fusible(n) and plan([n], ctx.target) is not None)
+            run = [n] if starts else []
         close()
         return replace(g, kernels=tuple(kernels))
 

@@ -5,7 +5,8 @@ that replaces the node, or None. `simplify_rules` lists them. A node a rule crea
 the rules again (`_Emitter.add`), so every node reaches a fixed point.
 
 Invariant established: no identity reshape/transpose/broadcast/cast/slice, no chains of
-reshapes or transposes, no two nodes computing the same op on the same inputs, no dead nodes.
+reshapes or transposes, no reshape/broadcast/transpose of a constant, no two nodes computing
+the same op on the same inputs, no dead nodes.
 """
 
 from __future__ import annotations
@@ -89,7 +90,19 @@ def _transpose_chain(n: Node, em: _Emitter) -> Value | None:
     return em.add(Op.TRANSPOSE, inner.inputs, {"perm": perm})
 
 
-simplify_rules: list[Rule] = [_identity, _reshape_chain, _transpose_chain]
+def _constant_fold(n: Node, em: _Emitter) -> Value | None:
+    """A reshape, broadcast or transpose of a constant is a constant of the new shape (a
+    broadcast mask would otherwise be an element-by-element DMA)."""
+    if n.op not in (Op.RESHAPE, Op.BROADCAST, Op.TRANSPOSE):
+        return None
+    inner = em.producers.get(n.inputs[0].id)
+    if inner is None or inner.op != Op.FULL:
+        return None
+    attrs = {"shape": n.out.type.shape, "value": inner.attr("value"), "dtype": n.out.type.dtype}
+    return em.add(Op.FULL, (), attrs)
+
+
+simplify_rules: list[Rule] = [_identity, _constant_fold, _reshape_chain, _transpose_chain]
 
 
 def dce(nodes: list[Node], outputs: tuple[Value, ...]) -> list[Node]:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -75,12 +76,23 @@ class CorruptEntry(Exception):
 
 def cache_key(ir_text: str, options_key: str, target: str, version: str) -> str:
     """The key of a compiled graph in both caches: its canonical IR text (shapes and dtypes
-    included), compile options, target, and the neuroncc and executable-format versions."""
+    included), compile options, target, the neuroncc and executable-format versions, and the
+    compiler's own code (so a changed compiler never reuses what an older one compiled)."""
     h = hashlib.sha256()
-    for part in (ir_text, options_key, target, version, str(FORMAT_VERSION)):
+    for part in (ir_text, options_key, target, version, str(FORMAT_VERSION), code_fingerprint()):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()
+
+
+@functools.cache
+def code_fingerprint() -> str:
+    """A digest of neuroncc's source files and templates (a few milliseconds, once)."""
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for path in sorted([*root.rglob("*.py"), *root.rglob("*.j2")]):
+        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def default_root() -> Path:

@@ -120,3 +120,23 @@ def test_flat_kernel_with_a_constant_and_a_narrow_last_chunk():
     xs = np.random.default_rng(0).standard_normal((128, 3072)).astype(np.float32)
     (got,) = run(emit_graph(fused, TRN2), [xs], TRN2)
     np.testing.assert_allclose(got, interpret(g, [xs])[0], rtol=1e-6)
+
+
+def test_a_mask_broadcast_over_heads_is_read_in_place_per_row_step():
+    """A [1, 1, S, S] mask added to [B, H, S, S] scores: its rows repeat every S rows of the
+    kernel, which 128-row steps cross (S = 40), and it is never materialised."""
+    for mask_shape in ((1, 1, 40, 24), (1, 5, 40, 24)):
+        b = GraphBuilder()
+        x = b.input(TensorType((3, 5, 40, 24), DType.F32))
+        mask = b.input(TensorType(mask_shape, DType.F32))
+        y = b.op(Op.ADD, x, b.op(Op.BROADCAST, mask, shape=(3, 5, 40, 24)))
+        s = b.op(Op.REDUCE_MAX, y, axes=[3], keepdim=True)
+        z = b.op(Op.SUB, y, b.op(Op.BROADCAST, s, shape=(3, 5, 40, 24)))
+        g = b.build([z])
+        fused = Fuse().run(g, CTX)
+        assert len(fused.kernels) == 1 and len(fused.kernels[0]) == len(g.nodes)
+        inputs = [random_input(v.type) for v in g.inputs]
+        exe = emit_graph(fused, TRN2)
+        assert not [buf for buf in exe.buffers if buf.kind == "temp"]
+        (got,) = run(exe, inputs, TRN2)
+        np.testing.assert_allclose(got, interpret(g, inputs)[0], rtol=1e-6)
