@@ -204,11 +204,32 @@ def epilogue_sbuf_bytes(nodes: Sequence[Node], p: RowPlan, step_cols: int, t: Ta
 
 
 def _values_per_slot(nodes: Sequence[Node], p: RowPlan) -> list[int]:
+    """Per slot, the buffers one step takes from it: one per value, except values computed in
+    place of their input."""
     slots = _assign_slots(nodes, p)
+    in_place = _in_place(nodes, p)
     per_slot = [0] * (max(slots.values(), default=-1) + 1)
-    for s in slots.values():
-        per_slot[s] += 1
+    for vid, s in slots.items():
+        if vid not in in_place:
+            per_slot[s] += 1
     return per_slot
+
+
+def _in_place(nodes: Sequence[Node], p: RowPlan) -> dict[int, int]:
+    """Elementwise results written over an input that dies there (same element size): value id
+    -> the input id whose tile it takes. Fewer buffers per step leave SBUF for more steps in
+    flight (rounds_in_flight)."""
+    last = _last_uses(nodes)
+    taken: dict[int, int] = {}
+    for i, n in enumerate(nodes):
+        if n.op.info.kind not in _ELEMENTWISE or p.kind.get(n.out.id) != "full":
+            continue
+        for v in n.inputs:
+            same_size = v.type.dtype.itemsize == n.out.type.dtype.itemsize
+            if p.kind.get(v.id) == "full" and last[v.id] == i and same_size:
+                taken[n.out.id] = v.id
+                break
+    return taken
 
 
 def _sbuf_bytes(
@@ -243,14 +264,12 @@ def _last_uses(nodes: Sequence[Node]) -> dict[int, int]:
     return last
 
 
-def _slot_count(nodes: Sequence[Node], p: RowPlan) -> int:
-    return max(_assign_slots(nodes, p).values(), default=-1) + 1
-
-
 def _assign_slots(nodes: Sequence[Node], p: RowPlan) -> dict[int, int]:
     """Linear scan over the group: each full value (loaded or computed) gets a slot no other
-    value holds while it is live; a value dies after its last use in the group."""
+    value holds while it is live; a value dies after its last use in the group. A value made
+    in place of an input (_in_place) takes over that input's slot."""
     last = _last_uses(nodes)
+    in_place = _in_place(nodes, p)
     slot: dict[int, int] = {}
     free: list[int] = []
     live: dict[int, int] = {}  # value id -> last use
@@ -269,7 +288,12 @@ def _assign_slots(nodes: Sequence[Node], p: RowPlan) -> dict[int, int]:
         for v in n.inputs:
             if p.kind.get(v.id) == "full" and v.id not in slot:
                 take(v.id, last[v.id])
-        if p.kind.get(n.out.id) == "full":
+        if n.out.id in in_place:
+            src = in_place[n.out.id]
+            slot[n.out.id] = slot[src]
+            del live[src]  # handed over, not freed
+            live[n.out.id] = last.get(n.out.id, i)
+        elif p.kind.get(n.out.id) == "full":
             take(n.out.id, last.get(n.out.id, i))
         for vid, until in list(live.items()):
             if until <= i:
@@ -319,6 +343,7 @@ class RowKernel:
             return
         itemsize = max(v.type.dtype.itemsize for n in nodes for v in (*n.inputs, n.out))
         self.slots = _assign_slots(nodes, p)
+        self.in_place = _in_place(nodes, p)
         # Pools hold two or three rounds of what one step allocates, so step i+1 loads while
         # step i computes and no value is overwritten while live.
         rounds = rounds_in_flight(nodes, p, ctx.target)
@@ -502,7 +527,9 @@ def _emit_tile(k: RowKernel, r0: int, rp: int, c0: int, f: int, tiles: dict) -> 
                 store(n.out, tiles[n.out.id])
             continue
         srcs = [tile_of(v) for v in n.inputs]
-        if c == "full":
+        if n.out.id in k.in_place:
+            dst = replace(tiles[k.in_place[n.out.id]], dtype=n.out.type.dtype)
+        elif c == "full":
             dst = k.slot_pools[k.slots[n.out.id]].tile(rp, (f,), n.out.type.dtype)
         else:
             dst = k.row_pool.tile(rp, (1,), n.out.type.dtype)

@@ -54,11 +54,13 @@ def _check(g):
     fused = Fuse().run(g, CTX)
     inputs = [random_input(v.type) for v in g.inputs]
     got = run(emit_graph(fused, TRN2), inputs, TRN2)
+    # A bf16 rounding anywhere lets summation order (PSUM tiles vs numpy) flip an ulp.
+    bf16 = any(n.out.type.dtype == DType.BF16 for n in g.nodes)
     for a, b in zip(got, interpret(g, inputs), strict=True):
         np.testing.assert_allclose(
             a.astype(np.float32),
             b.astype(np.float32),
-            rtol=2e-2 if a.dtype != np.float32 else 1e-5,
+            rtol=2e-2 if bf16 else 1e-5,
             atol=1e-4,
         )
     return fused
