@@ -9,7 +9,7 @@ are a row (C = their product elements) and whose leading axes count the rows (R)
   0), only as the input of a broadcast (whose result reads that tile: "bcast_col");
 - scalar: one element, only as the input of a broadcast;
 - period: shape (1,)*a + F[a:], rows repeating with period R' = prod(F[a:-k]) (a causal mask
-  broadcast over batch and heads), only as the input of a broadcast, whose result
+  broadcast over batch and heads), only as a kernel input read by a broadcast, whose result
   ("bcast_period") reads rows r0 mod R' onwards, loaded per row step.
 A broadcast of a row or scalar value to full costs nothing: its users read the [p, 1] tile,
 which VectorE applies to every element of the row (the per-partition scalar operand of
@@ -131,7 +131,7 @@ def plan(
             # Same elements in the same order: the input takes the output's class.
             c = _classify(n.out.type.shape, full, k)
             have = kind.get(n.inputs[0].id)
-            if c not in ("row", "col", "period") or (have is not None and have != c):
+            if c not in ("row", "col") or (have is not None and have != c):
                 return None
             if have is None and n.inputs[0].id in defined:
                 return None
