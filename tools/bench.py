@@ -39,6 +39,7 @@ from neuroncc.codegen.targets import get_target
 from neuroncc.ir import DType, GraphBuilder, Op, TensorType
 from neuroncc.passes.manager import PassContext, run_pipeline
 from neuroncc.passes.pipelines import default_pipeline
+from neuroncc.runtime.cache import GRAPH_CACHE
 from neuroncc.runtime.timing import time_executable
 
 
@@ -170,6 +171,7 @@ def _neuroncc(w: Workload, quick: bool, level: int, timing_only: bool = False):
     if w.backward:
         inputs = [x.requires_grad_() for x in inputs]
     torch._dynamo.reset()
+    GRAPH_CACHE.clear()
     with tempfile.TemporaryDirectory() as cache:  # cold, like Inductor's below
         options = {
             "opt_level": level,
