@@ -40,7 +40,9 @@ class Fuse:
                     # Always a saving: the epilogue reads the product on chip, not from HBM.
                     kernels.append(tuple(n.out.id for n in run))
                     return
-                del run[0]  # no epilogue: what followed may still be a group of its own
+                del run[0]  # no epilogue: what followed may still be a group of its own,
+                if plan(run, ctx.target) is None:  # but it was planned around the product
+                    return
             if len(run) >= 2 and _saves_traffic(run, users, outputs):
                 kernels.append(tuple(n.out.id for n in run))
 

@@ -61,7 +61,8 @@ def _check(g):
             a.astype(np.float32),
             b.astype(np.float32),
             rtol=2e-2 if bf16 else 1e-5,
-            atol=1e-4,
+            # bf16 sums that nearly cancel lose their relative precision: bound by magnitude.
+            atol=2e-2 * float(np.abs(b.astype(np.float32)).max(initial=1.0)) if bf16 else 1e-4,
         )
     return fused
 
@@ -112,3 +113,13 @@ def test_the_epilogue_saves_the_products_round_trip_through_hbm():
     hbm = [time_executable(emit_graph(x, TRN2), TRN2).hbm_bytes for x in (fused, unfused)]
     product = 128 * 256 * 4
     assert hbm[1] - hbm[0] >= 2 * product  # written and read back (and more) without it
+
+
+def test_ops_after_a_matmul_that_do_not_read_it_still_fuse_among_themselves():
+    b = GraphBuilder()
+    a, w = b.input(TensorType((16, 8), DType.F32)), b.input(TensorType((8, 32), DType.F32))
+    x = b.input(TensorType((16, 32), DType.F32))
+    mm = b.op(Op.MATMUL, a, w)
+    y = b.op(Op.ADD, b.op(Op.EXP, x), x)
+    fused = _check(b.build([mm, y]))
+    assert fused.kernels == ((y.id - 1, y.id),)  # exp and add; the matmul alone
