@@ -25,116 +25,25 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from neuroncc.codegen.listing import listing
-from neuroncc.codegen.program import Executable
 from neuroncc.codegen.targets import get_target
-from neuroncc.errors import NeuronccError
 from neuroncc.frontend import report
-from neuroncc.frontend.dump import GRAPH_META, PROGRAM
-from neuroncc.ir.graph import Graph
+from neuroncc.frontend.dump_read import (
+    NOT_A_PASS_YET,
+    STAGES,
+    DumpError,
+    GraphDump,
+    device_ns,
+    fusion_groups,
+    is_graph_folder,
+    kernel_costs_of,
+    load,
+    load_cache_entry,
+    open_cache_for,
+)
 from neuroncc.ir.jsonform import graph_to_json
-from neuroncc.ir.parser import parse
-
-# The stages of design.md in pipeline order (auto-cast only with auto_cast="matmul").
-STAGES = ("fx", "nir", "auto-cast", "simplify", "fuse", "layout", "tile", "plan", "schedule")
-STAGES += ("program",)
-NOT_A_PASS_YET = ("layout", "tile", "plan", "schedule")
-_STAGE_FILE = re.compile(r"^(\d\d)-([\w-]+)\.txt$")
-
-
-class DumpError(NeuronccError):
-    stage = "dump"
-
-
-@dataclass
-class GraphDump:
-    name: str
-    source: str
-    stages: dict[str, str]  # stage -> text, in pipeline order
-    exe: Executable | None
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def ir(self, stage: str) -> Graph | None:
-        """The stage's graph, for the tensor-IR stages (nir and the passes)."""
-        if stage in ("fx", "program") or stage not in self.stages:
-            return None
-        return parse(self.stages[stage])
-
-
-# -- loading dumps and cache entries --------------------------------------------------------
-
-
-def _is_graph_folder(p: Path) -> bool:
-    return p.is_dir() and any(_STAGE_FILE.match(f.name) for f in p.iterdir())
-
-
-def load(what: str, cache_dir: str | None = None) -> list[GraphDump]:
-    path = Path(what)
-    if path.is_dir():
-        folders = (
-            [path]
-            if _is_graph_folder(path)
-            else sorted(
-                (p for p in path.iterdir() if _is_graph_folder(p)), key=lambda p: p.stat().st_mtime
-            )
-        )
-        if not folders:
-            raise DumpError(f"{what} is not a neuroncc dump (no folders of NN-<stage>.txt files)")
-        return [_load_folder(f) for f in folders]
-    if path.exists():
-        raise DumpError(f"{what} is a file; give a dump directory or a cache key")
-    if re.fullmatch(r"[0-9a-f]{6,64}", what):
-        return [_load_cache_entry(what, cache_dir)]
-    raise DumpError(f"{what} is neither a dump directory nor a cache key (hex, 6+ digits)")
-
-
-def _load_folder(folder: Path) -> GraphDump:
-    try:
-        stages = {}
-        for f in sorted(folder.iterdir()):
-            m = _STAGE_FILE.match(f.name)
-            if m:
-                stages[m.group(2)] = f.read_text()
-        meta_file, program = folder / GRAPH_META, folder / PROGRAM
-        meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
-        exe = Executable.from_json(program.read_text()) if program.exists() else None
-    except (OSError, UnicodeDecodeError) as e:
-        raise DumpError(f"cannot read the dump {folder}: {e}") from None
-    except (ValueError, TypeError) as e:
-        raise DumpError(f"the dump {folder} is damaged: {e}") from None
-    return GraphDump(folder.name, str(folder), stages, exe, meta)
-
-
-def _cache(cache_dir: str | None):
-    from neuroncc.runtime.disk_cache import open_cache
-
-    return open_cache(cache_dir or os.environ.get("NEURONCC_CACHE_DIR") or None)
-
-
-def _load_cache_entry(prefix: str, cache_dir: str | None) -> GraphDump:
-    from neuroncc import __version__
-    from neuroncc.frontend.compile import stage_snapshots
-    from neuroncc.options import CompileOptions
-
-    cache = _cache(cache_dir)
-    matches = [e for e in cache.entries() if e.key.startswith(prefix)]
-    if len(matches) != 1:
-        found = "no" if not matches else f"{len(matches)}"
-        raise DumpError(f"{found} cache entries in {cache.root} have a key starting {prefix}")
-    entry = cache.load(matches[0].key, __version__)
-    if entry is None:
-        raise DumpError(f"cache entry {matches[0].key} is damaged or of another version")
-    g = parse(entry.meta["ir"])
-    stages = {"nir": entry.meta["ir"]}
-    stages.update(stage_snapshots(g, CompileOptions(**entry.meta["options"], disk_cache=False)))
-    stages["program"] = listing(entry.executable)
-    meta = {**entry.meta, "key": matches[0].key, "inputs": [str(v.type) for v in g.inputs]}
-    return GraphDump(entry.meta["name"], f"cache:{matches[0].key}", stages, entry.executable, meta)
-
 
 # -- output -----------------------------------------------------------------------------------
 
@@ -170,29 +79,6 @@ def _emit(text: str, output: str | None) -> None:
         print(f"wrote {output}", file=sys.stderr)
     else:
         sys.stdout.write(text)
-
-
-def _device_ns(g: GraphDump) -> float:
-    from neuroncc.runtime.timing import time_executable
-
-    return time_executable(g.exe, get_target(g.exe.target)).device_ns if g.exe else 0.0
-
-
-def _kernel_costs(g: GraphDump):
-    from neuroncc.runtime.timing import kernel_costs
-
-    return kernel_costs(g.exe, get_target(g.exe.target)) if g.exe else []
-
-
-def _fusion_groups(g: GraphDump) -> list[dict[str, Any]]:
-    fused = g.ir("fuse")
-    if fused is None:
-        return []
-    ops = {n.out.id: n.op.value for n in fused.nodes}
-    return [
-        {"kernel": k, "nodes": [f"%{v}" for v in ids], "ops": [ops[v] for v in ids]}
-        for k, ids in enumerate(fused.kernels)
-    ]
 
 
 # -- show -----------------------------------------------------------------------------------
@@ -236,7 +122,7 @@ def _graph_json(g: GraphDump, stages: list[str] | None) -> dict[str, Any]:
     for s in _pick_stages(g, stages):
         ir = g.ir(s)
         out["stages"][s] = {"text": g.stages[s], **({"ir": graph_to_json(ir)} if ir else {})}
-    out["fusion"] = _fusion_groups(g)
+    out["fusion"] = fusion_groups(g)
     out["kernels"] = [
         {
             "name": c.name,
@@ -247,7 +133,7 @@ def _graph_json(g: GraphDump, stages: list[str] | None) -> dict[str, Any]:
             "roofline_ns": c.roofline_ns,
             "fraction": c.fraction,
         }
-        for c in _kernel_costs(g)
+        for c in kernel_costs_of(g)
     ]
     return out
 
@@ -266,7 +152,7 @@ def _show_text(g: GraphDump, stages: list[str] | None, diff: bool) -> str:
     else:
         for s in picked:
             lines += [f"== {s} ==", g.stages[s].rstrip(), ""]
-    groups = _fusion_groups(g)
+    groups = fusion_groups(g)
     if groups:
         lines.append("fusion groups (fuse):")
         lines += [
@@ -275,9 +161,9 @@ def _show_text(g: GraphDump, stages: list[str] | None, diff: bool) -> str:
         ]
         lines.append("")
     if g.exe is not None:
-        device = _device_ns(g)
+        device = device_ns(g)
         lines.append(f"kernels (simulated {device / 1e3:.2f} us on {g.exe.target}):")
-        rows = report.kernel_rows(_kernel_costs(g), device)
+        rows = report.kernel_rows(kernel_costs_of(g), device)
         widths = [max(len(x) for x in col) for col in zip(report.KERNEL_HEAD, *rows)]
         for row in (report.KERNEL_HEAD, *rows):
             lines.append(
@@ -312,7 +198,7 @@ def _html(graphs: list[GraphDump], stages: list[str] | None) -> str:
     for g in graphs:
         picked = _pick_stages(g, stages)
         ir_stages = [s for s in picked if g.ir(s) is not None]
-        device = _device_ns(g)
+        device = device_ns(g)
         target = get_target(g.exe.target) if g.exe else None
         items.append(
             {
@@ -322,7 +208,7 @@ def _html(graphs: list[GraphDump], stages: list[str] | None) -> str:
                 "device_us": f"{device / 1e3:.2f}",
                 "picture": report.graph_svg(g.ir(ir_stages[-1])) if ir_stages else "",
                 "picture_stage": ir_stages[-1] if ir_stages else "",
-                "kernels": report.kernel_rows(_kernel_costs(g), device),
+                "kernels": report.kernel_rows(kernel_costs_of(g), device),
                 "timeline": report.timeline_svg(g.exe, schedule(g.exe, target)[0]) if g.exe else "",
                 "stages": [(s, g.stages[s]) for s in picked],
             }
@@ -392,7 +278,7 @@ def run(script: str | None, args: Sequence[str], dump_dir: str) -> int:
     status = subprocess.run(command, env=env, check=False).returncode
     if status:
         print(f"neuroncc-dump: the script exited with status {status}", file=sys.stderr)
-    if any(_is_graph_folder(p) for p in Path(dump_dir).iterdir()):
+    if any(is_graph_folder(p) for p in Path(dump_dir).iterdir()):
         summarise(dump_dir)
     else:
         print(f"no graph was compiled, nothing dumped in {dump_dir}")
@@ -405,7 +291,7 @@ def _fresh_dump_dir(path: Path) -> None:
         if not path.is_dir():
             raise DumpError(f"dump directory {path} is a file")
         for p in path.iterdir():
-            if _is_graph_folder(p):
+            if is_graph_folder(p):
                 shutil.rmtree(p)
             elif p.name.startswith("run-") and p.suffix == ".json":
                 p.unlink()
@@ -425,7 +311,7 @@ def summarise(dump_dir: str) -> None:
             fallbacks[op] = fallbacks.get(op, 0) + n
     rows = []
     for g in graphs:
-        costs = sorted(_kernel_costs(g), key=lambda c: -c.ns)[:2]
+        costs = sorted(kernel_costs_of(g), key=lambda c: -c.ns)[:2]
         compile_s = g.meta.get("compile_seconds")
         rows.append(
             (
@@ -436,7 +322,7 @@ def summarise(dump_dir: str) -> None:
                 else f"{compile_s * 1e3:.0f}"
                 if compile_s
                 else "-",
-                f"{_device_ns(g) / 1e3:.2f}",
+                f"{device_ns(g) / 1e3:.2f}",
                 ", ".join(f"{c.name} {c.ns / 1e3:.1f}us" for c in costs),
             )
         )
@@ -457,7 +343,7 @@ def cache_command(action: str, key: str | None, cache_dir: str | None) -> int:
     from neuroncc import __version__
     from neuroncc.runtime.disk_cache import CorruptEntry, decode_entry
 
-    cache = _cache(cache_dir)
+    cache = open_cache_for(cache_dir)
     entries = cache.entries()
     if action == "ls":
         rows = []
@@ -482,7 +368,7 @@ def cache_command(action: str, key: str | None, cache_dir: str | None) -> int:
     elif action == "show":
         if not key:
             raise DumpError("cache show needs a KEY (or a unique prefix); see cache ls")
-        print(show([_load_cache_entry(key, cache_dir)], None, "text", False), end="")
+        print(show([load_cache_entry(key, cache_dir)], None, "text", False), end="")
     elif action == "verify":
         bad = 0
         for e in entries:
