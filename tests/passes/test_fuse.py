@@ -140,3 +140,24 @@ def test_a_mask_broadcast_over_heads_is_read_in_place_per_row_step():
         assert not [buf for buf in exe.buffers if buf.kind == "temp"]
         (got,) = run(exe, inputs, TRN2)
         np.testing.assert_allclose(got, interpret(g, inputs)[0], rtol=1e-6)
+
+
+def test_constants_of_a_group_are_immediates_of_tensor_scalar():
+    g = parse(
+        """graph @main(%0: f32[256,64]) {
+  %1 = full {shape=[256,64], value=2, dtype=f32} : f32[256,64]
+  %2 = pow %0, %1 : f32[256,64]
+  %3 = reduce_sum %2 {axes=[1], keepdim=true} : f32[256,1]
+  %4 = broadcast %3 {shape=[256,64]} : f32[256,64]
+  %5 = mul %0, %4 : f32[256,64]
+  return %5
+}
+"""
+    )
+    fused = Fuse().run(g, CTX)
+    assert len(fused.kernels) == 1
+    exe = emit_graph(fused, TRN2)
+    pows = [i for i in exe.instructions if getattr(i, "op", None) == "pow"]
+    assert pows and all(i.opcode == "tensor_scalar" and i.scalar == 2.0 for i in pows)
+    x = random_input(g.inputs[0].type)
+    np.testing.assert_allclose(run(exe, [x], TRN2)[0], interpret(g, [x])[0], rtol=1e-6)
