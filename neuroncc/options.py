@@ -69,9 +69,13 @@ class CompileOptions(BaseModel):
             raise OptionsError(_explain(e)) from None
         return opts
 
+    def compile_fields(self) -> dict[str, Any]:
+        """The options that can change the compiled executable (what a manifest records)."""
+        return self.model_dump(exclude=_NOT_IN_KEY)
+
     def cache_key(self) -> str:
-        """A digest of every option that can change the compiled executable."""
-        relevant = self.model_dump(exclude=_NOT_IN_KEY)
+        """A digest of compile_fields()."""
+        relevant = self.compile_fields()
         return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -103,7 +103,7 @@ def compile_region(
     compiled_here: list[Compiled] = []
 
     def compile_entry() -> Entry:
-        compiled_here.append(compile_nir(g, opts, name, snapshots=bool(opts.dump_dir)))
+        compiled_here.append(compile_nir(g, ir_text, opts, name, snapshots=bool(opts.dump_dir)))
         return compiled_here[0].entry
 
     compiled = lookup_or_compile(key, compile_entry, disk_cache_for(opts), name)

@@ -15,7 +15,7 @@ from neuroncc.codegen.targets import get_target
 from neuroncc.ir.graph import Graph
 from neuroncc.ir.printer import print_graph
 from neuroncc.options import CompileOptions
-from neuroncc.passes.manager import PassContext, run_pipeline
+from neuroncc.passes.manager import PassContext, PipelineResult, run_pipeline
 from neuroncc.passes.pipelines import default_pipeline
 from neuroncc.runtime.disk_cache import DiskCache, Entry, cache_key, open_cache
 from neuroncc.runtime.timing import time_executable
@@ -36,21 +36,27 @@ class Compiled:
     snapshots: list[tuple[str, str]] = field(default_factory=list)  # (pass name, IR text)
 
 
-def compile_nir(g: Graph, opts: CompileOptions, name: str, snapshots: bool = False) -> Compiled:
-    """Run the pipeline of opts.opt_level on g, emit the executable, time it once."""
+def _run_passes(g: Graph, opts: CompileOptions, snapshots: bool) -> PipelineResult:
+    pipeline = default_pipeline(opts.opt_level, opts.auto_cast)
+    return run_pipeline(g, pipeline, PassContext(get_target(opts.target)), snapshots)
+
+
+def compile_nir(
+    g: Graph, ir_text: str, opts: CompileOptions, name: str, snapshots: bool = False
+) -> Compiled:
+    """Run the pipeline of opts.opt_level on g (whose canonical_text is ir_text), emit the
+    executable, time it once."""
     start = time.perf_counter()
     target = get_target(opts.target)
-    result = run_pipeline(
-        g, default_pipeline(opts.opt_level, opts.auto_cast), PassContext(target), snapshots
-    )
+    result = _run_passes(g, opts, snapshots)
     exe = emit_graph(replace(result.graph, name=name), target)
     profile = time_executable(exe, target)
     meta = {
         "name": name,
         "neuroncc": __version__,
         "target": opts.target,
-        "options": opts.model_dump(include={"target", "opt_level", "auto_cast", "fallback"}),
-        "ir": canonical_text(g),
+        "options": opts.compile_fields(),
+        "ir": ir_text,
         "compile_seconds": time.perf_counter() - start,
         "created": time.time(),
     }
@@ -59,9 +65,7 @@ def compile_nir(g: Graph, opts: CompileOptions, name: str, snapshots: bool = Fal
 
 def stage_snapshots(g: Graph, opts: CompileOptions) -> list[tuple[str, str]]:
     """(pass name, IR text) after each pass of opts' pipeline: what a compile of g dumps."""
-    target = get_target(opts.target)
-    pipeline = default_pipeline(opts.opt_level, opts.auto_cast)
-    return run_pipeline(g, pipeline, PassContext(target), snapshots=True).snapshots
+    return _run_passes(g, opts, snapshots=True).snapshots
 
 
 def disk_cache_for(opts: CompileOptions) -> DiskCache | None:

@@ -62,15 +62,21 @@ def _table(title: str, head: Sequence[str], rows: list[Sequence[str]]) -> None:
             table.add_row(*row)
         console.print(table)
         return
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
     print(title)
-    for row in (head, *rows):
-        print(
-            "  ".join(
-                str(c).ljust(w) if i == 0 else str(c).rjust(w)
-                for i, (c, w) in enumerate(zip(row, widths))
-            )
+    for line in _columns(head, rows):
+        print(line)
+
+
+def _columns(head: Sequence[str], rows: list[Sequence[str]]) -> list[str]:
+    """Plain aligned columns: the first left-aligned, the rest right-aligned."""
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    return [
+        "  ".join(
+            str(c).ljust(w) if i == 0 else str(c).rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths))
         )
+        for row in (head, *rows)
+    ]
 
 
 def _emit(text: str, output: str | None) -> None:
@@ -164,14 +170,7 @@ def _show_text(g: GraphDump, stages: list[str] | None, diff: bool) -> str:
         device = device_ns(g)
         lines.append(f"kernels (simulated {device / 1e3:.2f} us on {g.exe.target}):")
         rows = report.kernel_rows(kernel_costs_of(g), device)
-        widths = [max(len(x) for x in col) for col in zip(report.KERNEL_HEAD, *rows)]
-        for row in (report.KERNEL_HEAD, *rows):
-            lines.append(
-                "  "
-                + "  ".join(
-                    c.rjust(w) if j else c.ljust(w) for j, (c, w) in enumerate(zip(row, widths))
-                )
-            )
+        lines += ["  " + line for line in _columns(report.KERNEL_HEAD, rows)]
         lines.append("")
     return "\n".join(lines) + "\n"
 

@@ -110,10 +110,6 @@ def _start(manifest: Path) -> None:
             _append(manifest, {"neuroncc_manifest": MANIFEST_FORMAT})
 
 
-def recording() -> bool:
-    return _active() is not None
-
-
 @contextlib.contextmanager
 def trace_only() -> Iterator[None]:
     """Graphs are recorded and run eagerly, not compiled (expand traces many sizes so; the
@@ -131,8 +127,9 @@ def tracing_only() -> bool:
 
 def record_graph(ir_text: str, opts: CompileOptions, key: str, name: str) -> None:
     """Record a graph neuroncc compiles (when recording)."""
-    options = _compile_options(opts)
-    _record_entry(key, lambda: ManifestEntry(key=key, name=name, options=options, ir=ir_text))
+    _record_entry(
+        key, lambda: ManifestEntry(key=key, name=name, options=opts.compile_fields(), ir=ir_text)
+    )
 
 
 def record_dynamo(gm: Any, args: list[Any], opts: CompileOptions, name: str) -> None:
@@ -155,7 +152,7 @@ def record_dynamo(gm: Any, args: list[Any], opts: CompileOptions, name: str) -> 
         identity = json.dumps(shape_free, sort_keys=True)
     except NotSerializable as e:
         graph, why, identity = None, str(e), gm.code
-    options = _compile_options(opts)
+    options = opts.compile_fields()
     grad = torch.is_grad_enabled()
     key = hashlib.sha256(json.dumps([identity, options, grad], sort_keys=True).encode()).hexdigest()
     _record_entry(
@@ -170,10 +167,6 @@ def record_dynamo(gm: Any, args: list[Any], opts: CompileOptions, name: str) -> 
             why=why,
         ),
     )
-
-
-def _compile_options(opts: CompileOptions) -> dict[str, Any]:
-    return opts.model_dump(include={"target", "opt_level", "auto_cast", "fallback"})
 
 
 def _record_entry(key: str, make: Any) -> None:

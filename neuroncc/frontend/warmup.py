@@ -122,7 +122,7 @@ def compile_entry(entry: ManifestEntry, cache_dir: str | None) -> str:
     with disk.compiling(key):
         if disk.load(key, __version__) is not None:
             return "cached"
-        compiled = compile_nir(g, opts, entry.name)
+        compiled = compile_nir(g, entry.ir, opts, entry.name)
         if not disk.store(key, compiled.entry):
             raise WarmupError(f"could not write the cache at {disk.root}: {disk.disabled_reason}")
     return "compiled"
