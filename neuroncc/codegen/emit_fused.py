@@ -249,10 +249,10 @@ def _sbuf_bytes(
     return full + cols * row_bytes + rounds * 2 * rows * 64 + extra
 
 
-def rounds_in_flight(nodes: Sequence[Node], p: RowPlan, t: Target) -> int:
+def rounds_in_flight(nodes: Sequence[Node], p: RowPlan, t: Target, reserve: int = 0) -> int:
     """Row steps whose tiles coexist: three (load, compute and store of successive steps all
     overlap) where SBUF allows, else two (double buffering)."""
-    budget = SBUF_SHARE * t.sbuf_partition_bytes
+    budget = SBUF_SHARE * t.sbuf_partition_bytes - reserve
     return 3 if _sbuf_bytes(nodes, p, 3) <= budget else 2
 
 
@@ -325,17 +325,29 @@ class RowKernel:
     epilogue]), the step width where every piece is alike (a flat group)."""
 
     def __init__(
-        self, ctx: EmitCtx, nodes: Sequence[Node], p: RowPlan, step_cols: int, const_cols: int
+        self,
+        ctx: EmitCtx,
+        nodes: Sequence[Node],
+        p: RowPlan,
+        step_cols: int,
+        const_cols: int,
+        inside: frozenset[int] = frozenset(),
+        reserve: int = 0,
+        rounds: int | None = None,
     ) -> None:
+        """`inside`: values the enclosing kernel makes beside `nodes` (a value only they read
+        stays on chip); `reserve`: SBUF bytes per partition the enclosing kernel keeps;
+        `rounds`: steps whose tiles coexist, if the enclosing kernel needs more than two."""
         b = ctx.b
         self.ctx, self.nodes, self.p = ctx, nodes, p
         defined = {n.out.id for n in nodes}
+        kernel = defined | inside
         users = ctx.graph.users()
         outputs = {v.id for v in ctx.graph.outputs}
         self.escaping = [
             n.out
             for n in nodes
-            if n.out.id in outputs or any(u.out.id not in defined for u in users[n.out.id])
+            if n.out.id in outputs or any(u.out.id not in kernel for u in users[n.out.id])
         ]
         for v in self.escaping:
             ctx.alloc(v)
@@ -346,7 +358,7 @@ class RowKernel:
         self.in_place = _in_place(nodes, p)
         # Pools hold two or three rounds of what one step allocates, so step i+1 loads while
         # step i computes and no value is overwritten while live.
-        rounds = rounds_in_flight(nodes, p, ctx.target)
+        rounds = rounds or rounds_in_flight(nodes, p, ctx.target, reserve)
         self.slot_pools = [
             b.sbuf_pool(step_cols * itemsize, bufs=rounds * n) for n in _values_per_slot(nodes, p)
         ]
@@ -392,10 +404,27 @@ class RowKernel:
 
     def step(
         self, r0: int, rp: int, c0: int, f: int, given: dict[int, isa.TileRef] | None = None
-    ) -> None:
+    ) -> dict[int, isa.TileRef]:
         """Rows r0..r0+rp, columns c0..c0+f: load, compute every node, store. `given` are
-        values already on chip for this step (the matmul result of an epilogue)."""
-        _emit_tile(self, r0, rp, c0, f, dict(given or {}))
+        values already on chip for this step (the matmul result of an epilogue). Returns the
+        step's tile of every value; they stay valid while the next step runs."""
+        return self.steps([(r0, rp, c0, f, given)])[0]
+
+    def steps(self, specs: Sequence[tuple]) -> list[dict[int, isa.TileRef]]:
+        """Several steps (r0, rp, c0, f, given) issued node by node in turn, so each engine's
+        stream alternates between them and one step's chain of dependent instructions runs
+        beside the other's instead of after it. Their tiles must all fit the pools: at most
+        `rounds` steps (two always fit)."""
+        gens = [_tile_ops(self, r0, rp, c0, f, dict(g or {})) for r0, rp, c0, f, g in specs]
+        results: list[dict | None] = [None] * len(gens)
+        while any(r is None for r in results):
+            for i, gen in enumerate(gens):
+                if results[i] is None:
+                    try:
+                        next(gen)
+                    except StopIteration as done:
+                        results[i] = done.value
+        return results
 
 
 class EngineBalancer:
@@ -499,8 +528,9 @@ def _value(nodes: Sequence[Node], vid: int) -> Value:
     raise KeyError(vid)
 
 
-def _emit_tile(k: RowKernel, r0: int, rp: int, c0: int, f: int, tiles: dict) -> None:
-    """One [rp rows, f columns] step of the kernel: load, compute every node, store."""
+def _tile_ops(k: RowKernel, r0: int, rp: int, c0: int, f: int, tiles: dict):
+    """One [rp rows, f columns] step of the kernel: load, compute every node, store. A
+    generator: it pauses after each node (RowKernel.steps) and returns the step's tiles."""
     ctx, nodes, p, consts = k.ctx, k.nodes, k.p, k.consts
     b = ctx.b
     escaping_ids = {v.id for v in k.escaping}
@@ -545,6 +575,7 @@ def _emit_tile(k: RowKernel, r0: int, rp: int, c0: int, f: int, tiles: dict) -> 
             if n.out.id in escaping_ids:
                 store(n.out, tiles[n.out.id])
             continue
+        yield
         srcs = [tile_of(v) for v in n.inputs]
         if n.out.id in k.in_place:
             dst = replace(tiles[k.in_place[n.out.id]], dtype=n.out.type.dtype)
@@ -565,3 +596,4 @@ def _emit_tile(k: RowKernel, r0: int, rp: int, c0: int, f: int, tiles: dict) -> 
         tiles[n.out.id] = dst
         if n.out.id in escaping_ids:
             store(n.out, dst)
+    return tiles

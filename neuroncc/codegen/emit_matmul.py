@@ -44,7 +44,7 @@ A_CHUNK_TILES = 8  # 128-column tiles of A per load
 class PeTransposer:
     """Transposes [p <= 128, f <= 128] SBUF tiles on TensorE: out[f, p] = x.T @ I_p."""
 
-    def __init__(self, ctx: EmitCtx, dtype: DType) -> None:
+    def __init__(self, ctx: EmitCtx, dtype: DType, banks: int = PSUM_TRANSPOSE_BANKS) -> None:
         b = ctx.b
         self.b, self.dtype = b, dtype
         ident = b.sbuf_pool(P * dtype.itemsize, bufs=1).tile(P, (P,), dtype)
@@ -52,9 +52,9 @@ class PeTransposer:
         b.emit(isa.Iota("pool", dst=grid, base=0.0, pstep=1.0, fstep=-1.0))  # p - f
         b.emit(isa.TensorScalar("dve", op="eq", dst=ident, src=grid, scalar=0.0))
         self.ident = ident
-        bank = b.psum_pool(bufs=PSUM_TRANSPOSE_BANKS)
+        bank = b.psum_pool(bufs=banks)
         # Four [128, 128] fp32 results share one 2 KiB bank, so transposes pipeline.
-        self.psum = TilePool("psum", bank.base, P * 4, bufs=4 * PSUM_TRANSPOSE_BANKS)
+        self.psum = TilePool("psum", bank.base, P * 4, bufs=4 * banks)
         self._engine = 0
 
     def __call__(self, dst: isa.TileRef, src: isa.TileRef) -> None:

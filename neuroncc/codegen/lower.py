@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from neuroncc.codegen import emit_matmul, emit_tensor  # noqa: F401  (register the emitters)
 from neuroncc.codegen.emit import EMITTERS, EmitCtx
+from neuroncc.codegen.emit_attention import attention_plan, emit_attention
 from neuroncc.codegen.emit_fused import emit_fused
 from neuroncc.codegen.program import Executable
 from neuroncc.codegen.targets import Target
@@ -23,8 +24,16 @@ def emit_graph(g: Graph, target: Target) -> Executable:
         k = kernel_of.get(n.out.id)
         if k is not None:
             group = nodes[i : i + len(g.kernels[k])]
-            with ctx.b.kernel(f"fused.{n.out.id}-{group[-1].out.id}"):
-                if n.op is Op.MATMUL:
+            attention = None
+            if n.op is Op.MATMUL and group[-1].op is Op.MATMUL and len(group) > 1:
+                attention = attention_plan(group, ctx.users, ctx._output_ids, target)
+                if attention is None:
+                    raise CodegenError("the fuse pass formed an attention group codegen rejects")
+            kind = "attention" if attention else "fused"
+            with ctx.b.kernel(f"{kind}.{n.out.id}-{group[-1].out.id}"):
+                if attention is not None:
+                    emit_attention(ctx, attention)  # Note [attention kernel]
+                elif n.op is Op.MATMUL:
                     emit_matmul.emit_matmul(ctx, n, group[1:])  # Note [matmul epilogue]
                 else:
                     emit_fused(ctx, group)

@@ -2,7 +2,9 @@
 (codegen/emit_fused.py), so softmax, LayerNorm, RMSNorm and elementwise chains each read their
 inputs from HBM once and write their results once; and a matmul with the elementwise ops after
 it (bias, activation, residual, scaling, cast: Note [matmul epilogue] in emit_matmul.py), so
-its result is finished on the way out of PSUM instead of going through HBM.
+its result is finished on the way out of PSUM instead of going through HBM; and attention,
+matmul -> row group -> matmul, as one kernel that keeps the scores on chip (Note [attention
+kernel] in emit_attention.py).
 
 The decision is the cost model's: a group forms only where codegen can emit it within the
 target's SBUF (`emit_fused.plan`), and only where it saves HBM traffic, i.e. some value made in
@@ -16,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from neuroncc.codegen.emit_attention import attention_plan
 from neuroncc.codegen.emit_fused import epilogue_plan, fusible, plan, uses_result
 from neuroncc.ir.graph import Graph, Node
 from neuroncc.ir.ops import Op
@@ -30,6 +33,7 @@ class Fuse:
     def run(self, g: Graph, ctx: PassContext) -> Graph:
         users = g.users()
         outputs = {v.id for v in g.outputs}
+        nodes, attention = _attention_groups(list(g.nodes), users, outputs, ctx)
         kernels: list[tuple[int, ...]] = []
         run: list[Node] = []
 
@@ -53,7 +57,13 @@ class Fuse:
                 return epilogue_plan(run[0], [*run[1:], n], ctx.target) is not None
             return plan([*run, n], ctx.target) is not None
 
-        for n in g.nodes:
+        for n in nodes:
+            if n.out.id in attention:
+                close()
+                run = []
+                if n.out.id == attention[n.out.id][0]:
+                    kernels.append(attention[n.out.id])
+                continue
             if extends(n):
                 run.append(n)
                 continue
@@ -61,7 +71,38 @@ class Fuse:
             starts = n.op is Op.MATMUL or (fusible(n) and plan([n], ctx.target) is not None)
             run = [n] if starts else []
         close()
-        return replace(g, kernels=tuple(kernels))
+        return replace(g, nodes=tuple(nodes), kernels=tuple(kernels))
+
+
+def _attention_groups(
+    nodes: list[Node], users: dict, outputs: set[int], ctx: PassContext
+) -> tuple[list[Node], dict[int, tuple[int, ...]]]:
+    """Attention kernels: each matmul with the nodes up to the next matmul, where
+    `attention_plan` accepts them. Reshapes of values made before the group (V, the mask)
+    move ahead of it so the group is consecutive. Returns the new node order and, for every
+    node in a group, the group's ids."""
+    groups: dict[int, tuple[int, ...]] = {}
+    i = 0
+    while i < len(nodes):
+        j = next((j for j in range(i + 1, len(nodes)) if nodes[j].op is Op.MATMUL), None)
+        if nodes[i].op is not Op.MATMUL or j is None:
+            i += 1
+            continue
+        span = {n.out.id for n in nodes[i : j + 1]}
+        hoisted = []
+        for n in nodes[i + 1 : j]:
+            if n.op is Op.RESHAPE and n.inputs[0].id not in span:
+                hoisted.append(n)
+                span.discard(n.out.id)
+        kept = [n for n in nodes[i : j + 1] if n.out.id in span]
+        if attention_plan(kept, users, outputs, ctx.target) is None:
+            i += 1
+            continue
+        nodes[i : j + 1] = [*hoisted, *kept]
+        ids = tuple(n.out.id for n in kept)
+        groups.update(dict.fromkeys(ids, ids))
+        i = j + 1
+    return nodes, groups
 
 
 def _saves_traffic(run: list[Node], users: dict, outputs: set[int]) -> bool:

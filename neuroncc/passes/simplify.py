@@ -6,7 +6,8 @@ the rules again (`_Emitter.add`), so every node reaches a fixed point.
 
 Invariant established: no identity reshape/transpose/broadcast/cast/slice, no chains of
 reshapes or transposes, no reshape/broadcast/transpose of a constant, no two nodes computing
-the same op on the same inputs, no dead nodes.
+the same op on the same inputs, no dead nodes. Plus one algebraic rule for a pattern the SDPA
+decomposition makes (`_any_not_neg_inf`).
 """
 
 from __future__ import annotations
@@ -102,7 +103,52 @@ def _constant_fold(n: Node, em: _Emitter) -> Value | None:
     return em.add(Op.FULL, (), attrs)
 
 
-simplify_rules: list[Rule] = [_identity, _constant_fold, _reshape_chain, _transpose_chain]
+def _full_value(em: _Emitter, v: Value) -> float | None:
+    producer = em.producers.get(v.id)
+    return float(producer.attr("value")) if producer and producer.op == Op.FULL else None
+
+
+def _any_not_neg_inf(n: Node, em: _Emitter) -> Value | None:
+    """reduce_max(cast(x != -inf)) -> cast(reduce_max(x) != -inf): whether a row has any
+    unmasked element, the test PyTorch's safe softmax (fully masked rows give 0, not NaN)
+    makes. The reduce_max of x is the one the softmax itself takes, so CSE leaves one full
+    pass over the row instead of four. Equal for NaN too (NaN != -inf, and max propagates
+    NaN); not for empty rows (max of nothing is -inf on both sides before the cast)."""
+    if n.op != Op.REDUCE_MAX:
+        return None
+    cast = em.producers.get(n.inputs[0].id)
+    if cast is None or cast.op != Op.CAST or not n.out.type.dtype.is_float:
+        return None
+    test = em.producers.get(cast.inputs[0].id)
+    if test is not None and test.op == Op.NOT:
+        inner = em.producers.get(test.inputs[0].id)
+        test = inner if inner is not None and inner.op == Op.EQ else None
+    elif test is not None and test.op != Op.NE:
+        test = None
+    if test is None:
+        return None
+    x, c = test.inputs
+    shape = x.type.shape
+    if not x.type.dtype.is_float or _full_value(em, c) != float("-inf") or c.type != x.type:
+        return None
+    if any(shape[a] == 0 for a in n.attr("axes")):
+        return None
+    attrs = {"axes": n.attr("axes"), "keepdim": n.attr("keepdim")}
+    row_max = em.add(Op.REDUCE_MAX, (x,), attrs)
+    neg_inf = em.add(
+        Op.FULL, (), {"shape": row_max.type.shape, "value": float("-inf"), "dtype": x.type.dtype}
+    )
+    unmasked = em.add(Op.NE, (row_max, neg_inf), {})
+    return em.add(Op.CAST, (unmasked,), {"dtype": n.out.type.dtype})
+
+
+simplify_rules: list[Rule] = [
+    _identity,
+    _constant_fold,
+    _reshape_chain,
+    _transpose_chain,
+    _any_not_neg_inf,
+]
 
 
 def dce(nodes: list[Node], outputs: tuple[Value, ...]) -> list[Node]:

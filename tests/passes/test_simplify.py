@@ -58,3 +58,36 @@ def test_pipeline_records_snapshots():
     assert [name for name, _ in res.snapshots] == ["simplify", "fuse"]
     assert res.graph.outputs == g.inputs
     assert run_pipeline(g, default_pipeline(0), CTX).graph == g
+
+
+SAFE_SOFTMAX = """graph @main(%0: f32[3,5]) {
+  %1 = reduce_max %0 {axes=[1], keepdim=true} : f32[3,1]
+  %2 = full {shape=[3,5], value=-inf, dtype=f32} : f32[3,5]
+  %3 = eq %0, %2 : bool[3,5]
+  %4 = not %3 : bool[3,5]
+  %5 = cast %4 {dtype=f32} : f32[3,5]
+  %6 = reduce_max %5 {axes=[1], keepdim=true} : f32[3,1]
+  %7 = add %1, %6 : f32[3,1]
+  return %7
+}
+"""
+
+# One pass over the row instead of four: the test shares the softmax's own max.
+SAFE_SOFTMAX_AFTER = """graph @main(%0: f32[3,5]) {
+  %1 = reduce_max %0 {axes=[1], keepdim=true} : f32[3,1]
+  %9 = full {shape=[3,1], value=-inf, dtype=f32} : f32[3,1]
+  %10 = ne %1, %9 : bool[3,1]
+  %11 = cast %10 {dtype=f32} : f32[3,1]
+  %7 = add %1, %11 : f32[3,1]
+  return %7
+}
+"""
+
+
+def test_any_unmasked_test_shares_the_row_max():
+    g = parse(SAFE_SOFTMAX)
+    after = Simplify().run(g, CTX)
+    assert print_graph(after) == SAFE_SOFTMAX_AFTER
+    neg_inf, nan = float("-inf"), float("nan")
+    x = np.array([[1, 2, 3, 4, 5], [neg_inf] * 5, [neg_inf, nan, neg_inf, 0, 1]], np.float32)
+    np.testing.assert_array_equal(interpret(after, [x]), interpret(g, [x]))

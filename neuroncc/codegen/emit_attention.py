@@ -1,0 +1,298 @@
+"""Attention as one kernel: S = Q Kᵀ on TensorE, the row group on S (scale, mask, softmax, in
+whatever form the lowering produced it) on Vector/Scalar, then O = P V on TensorE, with S and P
+kept in SBUF and PSUM: the [rows, keys] scores never go to HBM.
+
+Note [attention kernel]: the fuse pass groups `matmul(Q, Kᵀ)`, the reshapes and row ops after it
+(`emit_fused.plan` with the key axis as the row) and `matmul(P, V)`. Per batch (head) the kernel
+loads Kᵀ [D, N] and V ([128, Dv] tiles over the keys) once; per block of 128 query rows it
+- transposes the Q block on TensorE (Qᵀ [D, rows]: the contraction on partitions) and computes
+  the scores in [rows, 512] PSUM banks, copied to one [rows, N] SBUF tile;
+- runs the row group on that tile as one RowKernel step (every op sees the whole key row, so a
+  softmax's max and sum are exact, no online rescaling);
+- transposes P 128 keys at a time on TensorE and accumulates P V over the key tiles in one PSUM
+  bank.
+The next block's scores are issued before this block's P V, so TensorE works on block i+1 while
+VectorE and ScalarE run block i's softmax. A whole key row must fit in SBUF (`attention_plan`
+checks; at fp32 that is tens of thousands of keys); longer rows, head dimensions over 128 and
+targets without an exact TensorE transpose (P would have to round-trip) are left unfused.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from neuroncc.codegen import isa
+from neuroncc.codegen.builder import TilePool
+from neuroncc.codegen.emit import EmitCtx, P, rect
+from neuroncc.codegen.emit_fused import RowKernel, RowPlan, _sbuf_bytes, plan
+from neuroncc.codegen.emit_matmul import PeTransposer
+from neuroncc.codegen.targets import Target
+from neuroncc.ir.graph import Node
+from neuroncc.ir.ops import Op
+from neuroncc.ir.types import DType
+
+SBUF_SHARE = 0.85  # of a partition, for the whole kernel
+SPAN = 6  # steps in flight: Qᵀ three steps ahead of the row group, P V two steps behind
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    scores: Node  # matmul(Q, Kᵀ)
+    out: Node  # matmul(P, V)
+    rows: Sequence[Node]  # the row group between them
+    row_plan: RowPlan
+    s_ids: frozenset[int]  # the scores and their reshapes
+    p_id: int  # the row group's value the second matmul reads (through reshapes)
+    p_chain: frozenset[int]  # those reshapes
+    batch: int
+    m: int
+    d: int
+    n: int
+    dv: int
+    unit: int = 1  # 128-row query blocks per pipeline step (Note [attention pipeline])
+
+    @property
+    def chunks(self) -> int:
+        """[rows, 512] PSUM banks of one block's scores."""
+        return math.ceil(self.n / 512)
+
+    @property
+    def row_rounds(self) -> int:
+        """RowKernel steps whose tiles coexist: this step's and the last one's (its P is
+        transposed after this step's row group is issued)."""
+        return 2 * self.unit
+
+    def sbuf_bytes(self) -> int:
+        return _kernel_bytes(self) + _sbuf_bytes(self.rows, self.row_plan, self.row_rounds)
+
+
+def attention_plan(
+    nodes: Sequence[Node], users: dict, outputs: set[int], t: Target
+) -> AttentionPlan | None:
+    """The plan of `nodes` = [matmul, reshapes and row ops, matmul] as one attention kernel,
+    or None. `users` and `outputs` are the graph's: only P (and what the row group makes) may
+    be read outside the kernel, never the scores."""
+    if len(nodes) < 3 or nodes[0].op is not Op.MATMUL or nodes[-1].op is not Op.MATMUL:
+        return None
+    if not t.pe_exact_transpose:
+        return None
+    mm1, mm2, middle = nodes[0], nodes[-1], nodes[1:-1]
+    q, kt = mm1.inputs
+    *batch, m, d = q.type.shape
+    n = kt.type.shape[-1]
+    p2, v = mm2.inputs
+    dv = v.type.shape[-1]
+    if min(m, d, n, dv, math.prod(batch)) == 0 or d > P or dv > t.pe_moving_fmax:
+        return None
+    if p2.type.shape != (*batch, m, n) or v.type.shape != (*batch, n, dv):
+        return None
+    if p2.type.dtype != v.type.dtype or not p2.type.dtype.is_float:
+        return None
+    inside = {x.out.id for x in nodes}
+    if any(x.id in inside for x in (q, kt, v)):
+        return None
+    # The scores under their reshapes (the same [rows, N] data), and P above its reshapes.
+    s_ids = {mm1.out.id}
+    for x in middle:
+        if x.op is Op.RESHAPE and x.inputs[0].id in s_ids and x.out.type.shape[-1:] == (n,):
+            s_ids.add(x.out.id)
+    producer = {x.out.id: x for x in middle}
+    p_id, p_chain = p2.id, set()
+    while p_id in producer and producer[p_id].op is Op.RESHAPE:
+        p_chain.add(p_id)
+        p_id = producer[p_id].inputs[0].id
+    if p_id not in producer or p_id in s_ids:
+        return None
+    for vid in s_ids | p_chain:
+        if vid in outputs or any(u.out.id not in inside for u in users[vid]):
+            return None  # the scores, or a reshape of P, read outside: they would need HBM
+    rows = [x for x in middle if x.out.id not in s_ids | p_chain]
+    full = producer[p_id].out.type.shape
+    rp = plan(rows, t, (full, 1))
+    if rp is None or rp.flat or rp.rows != math.prod(batch) * m or rp.cols != n:
+        return None
+    if rp.kind.get(p_id) != "full" or not any(vid in rp.kind for vid in s_ids):
+        return None
+    if any(rp.kind.get(vid, "full") != "full" for vid in s_ids):
+        return None
+    ids = (frozenset(s_ids), p_id, frozenset(p_chain))
+    base = AttentionPlan(mm1, mm2, rows, rp, *ids, math.prod(batch), m, d, n, dv)
+    for unit in (2, 1):  # two blocks per step where they fit, so their row groups interleave
+        ap = replace(base, unit=unit)
+        fits = ap.sbuf_bytes() <= SBUF_SHARE * t.sbuf_partition_bytes
+        if fits and _psum_banks(ap, t) is not None:
+            return ap
+    return None
+
+
+def _psum_banks(ap: AttentionPlan, t: Target) -> tuple[int, int] | None:
+    """(score banks, transpose banks), beside one bank of P V accumulators (and one for Q's
+    transposes when Q and P differ in dtype). A step's scores must fit the score banks at
+    once: their copies to SBUF are issued after all of the step's matmuls. Scores of two
+    steps where that leaves a bank per four transposes of one step's P."""
+    free = t.psum_partition_bytes // t.psum_bank_bytes - 1
+    free -= ap.scores.inputs[0].type.dtype != ap.out.inputs[0].type.dtype
+    need = ap.unit * ap.chunks
+    if need > free - 1:
+        return None
+    want_t = math.ceil(ap.unit * math.ceil(ap.n / P) / 4)
+    s_banks = min(2 * need, max(need, free - want_t))
+    return s_banks, free - s_banks
+
+
+def _kernel_bytes(ap: AttentionPlan) -> int:
+    """SBUF per partition beside the row group's (emit_attention's pools): Kᵀ and V of the
+    heads in flight, Q and Qᵀ blocks, score rows, two steps' Pᵀ tiles, output tiles and the
+    transposes' identities."""
+    qd = ap.scores.inputs[0].type.dtype.itemsize
+    sd = ap.scores.out.type.dtype.itemsize
+    pd = ap.out.inputs[0].type.dtype.itemsize
+    od = ap.out.out.type.dtype.itemsize
+    key_tiles = math.ceil(ap.n / P)
+    kv = _heads_alive(ap) * (ap.n * qd + key_tiles * ap.dv * pd)
+    u = ap.unit
+    blocks = u * (2 * ap.d * qd + 3 * P * qd + 3 * ap.n * sd + 2 * key_tiles * P * pd)
+    return kv + blocks + 2 * u * ap.dv * od + 2 * P * (max(qd, pd) + 4)
+
+
+def _heads_alive(ap: AttentionPlan) -> int:
+    """Heads whose Kᵀ and V are on chip at once: the pipeline (Note [attention pipeline])
+    spans SPAN steps, from the first block's Qᵀ to the last one's P V."""
+    per_head = math.ceil(ap.m / P)
+    return min(ap.batch, math.ceil(SPAN * ap.unit / per_head) + 1)
+
+
+Block = tuple[int, int, int]  # (batch, first query row, rows)
+
+
+def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
+    b, t = ctx.b, ctx.target
+    q, kt = ap.scores.inputs
+    v = ap.out.inputs[1]
+    qdt, sdt = q.type.dtype, ap.scores.out.type.dtype
+    pdt, odt = ap.out.inputs[0].type.dtype, ap.out.out.type.dtype
+    m, d, n, dv = ap.m, ap.d, ap.n, ap.dv
+    nf = t.pe_moving_fmax
+    out = ctx.alloc(ap.out.out)
+    folded = ctx.transposed_view.get(q.id)  # Qᵀ already in HBM: load it as it is
+    inside = frozenset({ap.scores.out.id, ap.out.out.id, *ap.s_ids, *ap.p_chain})
+    row = RowKernel(
+        ctx,
+        ap.rows,
+        ap.row_plan,
+        n,
+        n,
+        inside=inside,
+        reserve=_kernel_bytes(ap),
+        rounds=ap.row_rounds,
+    )
+    key_tiles = [(k0, min(P, n - k0)) for k0 in range(0, n, P)]
+    chunks = [(c0, min(nf, n - c0)) for c0 in range(0, n, nf)]
+    s_banks, t_banks = _psum_banks(ap, t)
+    transpose_p = PeTransposer(ctx, pdt, banks=t_banks)
+    transpose_q = transpose_p if qdt == pdt else PeTransposer(ctx, qdt)
+    s_psum = b.psum_pool(bufs=s_banks)
+    o_bank = b.psum_pool(bufs=1)
+    o_slot = -(-dv * 4 // 64) * 64
+    o_psum = TilePool("psum", o_bank.base, o_slot, bufs=t.psum_bank_bytes // o_slot)
+    alive, u = _heads_alive(ap), ap.unit
+    kt_pool = b.sbuf_pool(n * qdt.itemsize, bufs=alive)
+    v_pool = b.sbuf_pool(dv * pdt.itemsize, bufs=alive * len(key_tiles))
+    q_pool = b.sbuf_pool(d * qdt.itemsize, bufs=2 * u)
+    qt_pool = b.sbuf_pool(P * qdt.itemsize, bufs=3 * u)
+    s_pool = b.sbuf_pool(n * sdt.itemsize, bufs=3 * u)
+    pt_pool = b.sbuf_pool(P * pdt.itemsize, bufs=2 * u * len(key_tiles))
+    o_pool = b.sbuf_pool(dv * odt.itemsize, bufs=2 * u)
+    blocks = [(bi, r0, min(P, m - r0)) for bi in range(ap.batch) for r0 in range(0, m, P)]
+    steps = [blocks[i : i + u] for i in range(0, len(blocks), u)]
+    heads: dict[int, tuple[isa.TileRef, list[isa.TileRef]]] = {}
+    # What each phase of a block leaves for the next: Qᵀ, the scores in PSUM, in SBUF, P, Pᵀ.
+    qts: dict[Block, isa.TileRef] = {}
+    s_ps: dict[Block, list[isa.TileRef]] = {}
+    s_sb: dict[Block, isa.TileRef] = {}
+    ps: dict[Block, isa.TileRef] = {}
+    pts: dict[Block, list[isa.TileRef]] = {}
+
+    def head(bi: int) -> tuple[isa.TileRef, list[isa.TileRef]]:
+        """Kᵀ [D, N] and V's key tiles of batch bi, loaded once."""
+        if bi not in heads:
+            heads.pop(bi - alive, None)  # its tiles are taken again
+            k_t = kt_pool.tile(d, (n,), qdt)
+            b.dma(k_t, rect(ctx.buf(kt), qdt, bi * d * n, n, d, n))
+            vs = []
+            for k0, kw in key_tiles:
+                vt = v_pool.tile(kw, (dv,), pdt)
+                b.dma(vt, rect(ctx.buf(v), pdt, bi * n * dv + k0 * dv, dv, kw, dv))
+                vs.append(vt)
+            heads[bi] = (k_t, vs)
+        return heads[bi]
+
+    def load_qt(blk: Block) -> None:
+        bi, r0, rp = blk
+        head(bi)
+        qts[blk] = qt = qt_pool.tile(d, (rp,), qdt)
+        if folded is not None:
+            b.dma(qt, rect(folded, qdt, bi * d * m + r0, m, d, rp))
+            return
+        qb = q_pool.tile(rp, (d,), qdt)
+        b.dma(qb, rect(ctx.buf(q), qdt, bi * m * d + r0 * d, d, rp, d))
+        transpose_q(qt, qb)
+
+    def score_matmuls(blk: Block) -> None:
+        k_t, qt = heads[blk[0]][0], qts.pop(blk)
+        s_ps[blk] = [s_psum.tile(blk[2], (w,), DType.F32) for _, w in chunks]
+        for (c0, w), dst in zip(chunks, s_ps[blk], strict=True):
+            mm = isa.Matmul("pe", dst=dst, stationary=qt, moving=k_t.cols(c0, w), accumulate=False)
+            b.emit(mm)
+
+    def score_copies(blk: Block) -> None:
+        s_sb[blk] = s = s_pool.tile(blk[2], (n,), sdt)
+        for (c0, w), src in zip(chunks, s_ps.pop(blk), strict=True):
+            b.emit(isa.TensorCopy(transpose_p.evacuation_engine(), dst=s.cols(c0, w), src=src))
+
+    def softmax(step: list[Block]) -> None:
+        specs = [
+            (bi * m + r0, rp, 0, n, dict.fromkeys(ap.s_ids, s_sb.pop((bi, r0, rp))))
+            for bi, r0, rp in step
+        ]
+        for blk, tiles in zip(step, row.steps(specs), strict=True):
+            ps[blk] = tiles[ap.p_id]
+
+    def transpose_probs(blk: Block) -> None:
+        p_tile, rp = ps.pop(blk), blk[2]
+        pts[blk] = [pt_pool.tile(kw, (rp,), pdt) for _, kw in key_tiles]
+        for (k0, kw), pt in zip(key_tiles, pts[blk], strict=True):
+            transpose_p(pt, p_tile.cols(k0, kw))
+
+    def times_v(blk: Block) -> None:
+        bi, r0, rp = blk
+        vs = heads[bi][1]
+        o_ps = o_psum.tile(rp, (dv,), DType.F32)
+        for i, (pt, vt) in enumerate(zip(pts.pop(blk), vs, strict=True)):
+            b.emit(isa.Matmul("pe", dst=o_ps, stationary=pt, moving=vt, accumulate=i > 0))
+        ot = o_pool.tile(rp, (dv,), odt)
+        b.emit(isa.TensorCopy(transpose_p.evacuation_engine(), dst=ot, src=o_ps))
+        b.dma(rect(out, odt, bi * m * dv + r0 * dv, dv, rp, dv), ot)
+
+    def each(phase):
+        return lambda step: [phase(blk) for blk in step]
+
+    # Note [attention pipeline]: pipeline step s issues step s's row group, then work of other
+    # steps in the order their engines can take it, so that what each engine reaches next was
+    # made ready while the row group (the longest phase, on Vector/Scalar/GpSimd) ran. A
+    # step's score copies come before the next step's score matmuls: PSUM banks are reused
+    # only after the program has read them.
+    phases = (
+        (0, softmax),
+        (-1, each(transpose_probs)),
+        (3, each(load_qt)),
+        (1, each(score_copies)),
+        (2, each(score_matmuls)),
+        (-2, each(times_v)),
+    )
+    for s in range(-3, len(steps) + 2):
+        for offset, phase in phases:
+            if 0 <= s + offset < len(steps):
+                phase(steps[s + offset])

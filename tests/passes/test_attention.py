@@ -1,0 +1,177 @@
+"""Attention as one kernel (Note [attention kernel]): scores and probabilities stay on chip.
+Differential against eager PyTorch through torch.compile, including shapes that exercise
+partial query blocks, several PSUM banks of scores and the pipeline across heads; golden IR
+of the fuse pass; the training graph (P saved for backward); and the kernel's HBM traffic."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import neuroncc
+from neuroncc.codegen.lower import emit_graph
+from neuroncc.codegen.targets import TRN1, TRN2
+from neuroncc.ir import parse, print_graph
+from neuroncc.passes.fuse import Fuse
+from neuroncc.passes.manager import PassContext
+from neuroncc.runtime.stats import STATS
+
+
+def _kernel_names() -> list[str]:
+    return [k.name for c in STATS.executed().values() for k in c.exe.kernels]
+
+
+def _compile_and_check(fn, inputs, atol=2e-5, **options):
+    neuroncc.reset_stats()
+    torch._dynamo.reset()
+    got = torch.compile(fn, backend="neuron", options=options)(*inputs)
+    torch.testing.assert_close(got, fn(*inputs), atol=atol, rtol=1e-4)
+    return _kernel_names()
+
+
+def _qkv(b, h, m, n, d, dv=None, dtype=torch.float32):
+    g = torch.Generator().manual_seed(m * 1000 + n)
+    q = torch.randn(b, h, m, d, generator=g, dtype=dtype)
+    k = torch.randn(b, h, n, d, generator=g, dtype=dtype)
+    v = torch.randn(b, h, n, dv or d, generator=g, dtype=dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize(
+    ("shape", "causal"),
+    [
+        ((1, 2, 200, 200, 16), True),  # a partial second query block
+        ((2, 3, 128, 128, 32), True),  # one block per head: a pipeline step spans two heads
+        ((1, 1, 130, 1100, 8), False),  # three PSUM banks of scores, a partial key tile
+        ((1, 1, 140, 2048, 8), True),  # four banks: one query block per pipeline step
+        ((1, 2, 1, 300, 16), False),  # one query row (decode)
+    ],
+)
+def test_sdpa_is_one_kernel_and_matches_eager(fresh, shape, causal):
+    q, k, v = _qkv(*shape)
+    names = _compile_and_check(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), [q, k, v]
+    )
+    assert sum(n.startswith("attention.") for n in names) == 1, names
+
+
+def test_mask_scale_and_value_width(fresh):
+    q, k, v = _qkv(1, 2, 96, 160, 16, dv=48)
+    mask = torch.randn(1, 1, 96, 160)
+    names = _compile_and_check(
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.3),
+        [q, k, v, mask],
+    )
+    assert any(n.startswith("attention.") for n in names)
+
+
+def test_fully_masked_rows_give_zero(fresh):
+    """PyTorch's safe softmax: a row with every key masked is 0, not NaN."""
+    q, k, v = _qkv(1, 1, 64, 64, 8)
+    mask = torch.ones(64, 64, dtype=torch.bool)
+    mask[5] = False
+    _compile_and_check(
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), [q, k, v, mask]
+    )
+
+
+def test_opt_levels_agree_and_scores_stay_on_chip(fresh):
+    q, k, v = _qkv(1, 4, 256, 256, 32)
+
+    def fn(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    hbm = {}
+    for level in (0, 2):
+        _compile_and_check(fn, [q, k, v], opt_level=level)
+        hbm[level] = neuroncc.stats()["hbm_bytes"]
+    scores = 4 * 256 * 256 * 4
+    assert hbm[0] - hbm[2] > 4 * scores  # S and P each written and read back at opt_level 0
+
+
+def test_attention_training_matches_eager(fresh):
+    """Forward and backward: the forward graph saves P for backward, so the kernel also
+    stores it; the gradients still agree."""
+    q, k, v = (x.requires_grad_() for x in _qkv(1, 2, 64, 64, 16))
+    fn = torch.compile(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), backend="neuron"
+    )
+    fn(q, k, v).square().sum().backward()
+    grads = [x.grad.clone() for x in (q, k, v)]
+    for x in (q, k, v):
+        x.grad = None
+    F.scaled_dot_product_attention(q, k, v, is_causal=True).square().sum().backward()
+    for got, want in zip(grads, (q.grad, k.grad, v.grad), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert any(n.startswith("attention.") for n in _kernel_names())
+
+
+def test_bf16_attention(fresh):
+    q, k, v = _qkv(1, 2, 128, 192, 32, dtype=torch.bfloat16)
+    names = _compile_and_check(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        [q, k, v],
+        atol=2e-2,
+    )
+    assert any(n.startswith("attention.") for n in names)
+
+
+@settings(max_examples=8)
+@given(
+    m=st.integers(1, 300),
+    n=st.integers(1, 600),
+    d=st.sampled_from([4, 16, 64]),
+    heads=st.integers(1, 3),
+)
+def test_random_shapes_match_eager(m, n, d, heads):
+    q, k, v = _qkv(1, heads, m, n, d)
+    _compile_and_check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), [q, k, v])
+
+
+SDPA = """graph @main(%0: f32[2,64,16], %1: f32[2,16,96], %2: f32[192,16]) {
+  %3 = matmul %0, %1 : f32[2,64,96]
+  %4 = reduce_max %3 {axes=[2], keepdim=true} : f32[2,64,1]
+  %5 = broadcast %4 {shape=[2,64,96]} : f32[2,64,96]
+  %6 = sub %3, %5 : f32[2,64,96]
+  %7 = exp %6 : f32[2,64,96]
+  %8 = reduce_sum %7 {axes=[2], keepdim=true} : f32[2,64,1]
+  %9 = broadcast %8 {shape=[2,64,96]} : f32[2,64,96]
+  %10 = div %7, %9 : f32[2,64,96]
+  %11 = reshape %2 {shape=[2,96,16]} : f32[2,96,16]
+  %12 = matmul %10, %11 : f32[2,64,16]
+  return %12
+}
+"""
+
+# V's reshape moves ahead of the group, which is then consecutive.
+SDPA_FUSED = """graph @main(%0: f32[2,64,16], %1: f32[2,16,96], %2: f32[192,16]) {
+  %11 = reshape %2 {shape=[2,96,16]} : f32[2,96,16]
+  fuse {
+    %3 = matmul %0, %1 : f32[2,64,96]
+    %4 = reduce_max %3 {axes=[2], keepdim=true} : f32[2,64,1]
+    %5 = broadcast %4 {shape=[2,64,96]} : f32[2,64,96]
+    %6 = sub %3, %5 : f32[2,64,96]
+    %7 = exp %6 : f32[2,64,96]
+    %8 = reduce_sum %7 {axes=[2], keepdim=true} : f32[2,64,1]
+    %9 = broadcast %8 {shape=[2,64,96]} : f32[2,64,96]
+    %10 = div %7, %9 : f32[2,64,96]
+    %12 = matmul %10, %11 : f32[2,64,16]
+  }
+  return %12
+}
+"""
+
+
+def test_fuse_groups_attention_golden():
+    fused = Fuse().run(parse(SDPA), PassContext(TRN2))
+    assert print_graph(fused) == SDPA_FUSED
+    exe = emit_graph(fused, TRN2)
+    assert [k.name for k in exe.kernels] == ["reshape.11", "attention.3-12"]
+    assert [b.name for b in exe.buffers if b.kind == "temp"] == []  # S and P never in HBM
+
+
+def test_no_attention_kernel_without_an_exact_transpose():
+    """trn1 has no exact TensorE transpose, which P V needs: the group is not formed."""
+    fused = Fuse().run(parse(SDPA), PassContext(TRN1))
+    assert not any(ids[0] == 3 and 12 in ids for ids in fused.kernels)
