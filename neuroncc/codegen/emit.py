@@ -45,6 +45,8 @@ class EmitCtx:
         # Transposes folded into the matmul that reads them (emit_matmul): value id -> the
         # buffer holding the untransposed data.
         self.transposed_view: dict[int, str] = {}
+        # Kᵀ operands of attention kernels given as K (emit_attention.fold_key_transposes).
+        self.untransposed: dict[int, Value] = {}
 
     def alloc(self, v: Value) -> str:
         name = f"v{v.id}"

@@ -29,7 +29,7 @@ from neuroncc.codegen.emit import EmitCtx, P, rect
 from neuroncc.codegen.emit_fused import RowKernel, RowPlan, _sbuf_bytes, plan
 from neuroncc.codegen.emit_matmul import PeTransposer
 from neuroncc.codegen.targets import Target
-from neuroncc.ir.graph import Node
+from neuroncc.ir.graph import Graph, Node, Value
 from neuroncc.ir.ops import Op
 from neuroncc.ir.types import DType
 
@@ -153,7 +153,9 @@ def _kernel_bytes(ap: AttentionPlan) -> int:
     key_tiles = math.ceil(ap.n / P)
     kv = _heads_alive(ap) * (ap.n * qd + key_tiles * ap.dv * pd)
     u = ap.unit
-    blocks = u * (2 * ap.d * qd + 3 * P * qd + 3 * ap.n * sd + 2 * key_tiles * P * pd)
+    blocks = 2 * ap.d * qd + u * (
+        2 * ap.d * qd + 3 * P * qd + 3 * ap.n * sd + 2 * key_tiles * P * pd
+    )
     return kv + blocks + 2 * u * ap.dv * od + 2 * P * (max(qd, pd) + 4)
 
 
@@ -165,6 +167,38 @@ def _heads_alive(ap: AttentionPlan) -> int:
 
 
 Block = tuple[int, int, int]  # (batch, first query row, rows)
+
+
+def fold_key_transposes(g: Graph, plans: Sequence[AttentionPlan]) -> dict[int, Value]:
+    """Kᵀ made by a transpose of K's last two axes (and reshapes) that only attention kernels
+    read: the kernel loads K itself and transposes it on TensorE, so the transpose is never
+    written to HBM. Returns Kᵀ value id -> K for those kernels and marks the transpose and
+    reshapes to skip: value id -> None."""
+    producers = g.producers()
+    users = g.users()
+    readers = {ap.scores.inputs[1].id: ap for ap in plans}
+    folded: dict[int, Value | None] = {}
+    for kt_id, ap in readers.items():
+        chain, vid = [], kt_id
+        while vid in producers and producers[vid].op is Op.RESHAPE:
+            chain.append(vid)
+            vid = producers[vid].inputs[0].id
+        node = producers.get(vid)
+        if node is None or node.op is not Op.TRANSPOSE:
+            continue
+        rank = node.out.type.rank
+        if node.attr("perm") != (*range(rank - 2), rank - 1, rank - 2):
+            continue
+        inner = {*chain, vid}
+        outputs = {v.id for v in g.outputs}
+        only_here = all(
+            x not in outputs and all(u.out.id in inner or u is ap.scores for u in users[x])
+            for x in inner
+        )
+        if only_here:
+            folded.update(dict.fromkeys(inner))
+            folded[kt_id] = node.inputs[0]
+    return folded
 
 
 def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
@@ -201,6 +235,8 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
     kt_pool = b.sbuf_pool(n * qdt.itemsize, bufs=alive)
     v_pool = b.sbuf_pool(dv * pdt.itemsize, bufs=alive * len(key_tiles))
     q_pool = b.sbuf_pool(d * qdt.itemsize, bufs=2 * u)
+    keys = ctx.untransposed.get(kt.id)  # K itself, where the fuse of Kᵀ was folded away
+    k_pool = b.sbuf_pool(d * qdt.itemsize, bufs=2)
     qt_pool = b.sbuf_pool(P * qdt.itemsize, bufs=3 * u)
     s_pool = b.sbuf_pool(n * sdt.itemsize, bufs=3 * u)
     pt_pool = b.sbuf_pool(P * pdt.itemsize, bufs=2 * u * len(key_tiles))
@@ -220,7 +256,12 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
         if bi not in heads:
             heads.pop(bi - alive, None)  # its tiles are taken again
             k_t = kt_pool.tile(d, (n,), qdt)
-            b.dma(k_t, rect(ctx.buf(kt), qdt, bi * d * n, n, d, n))
+            if keys is None:
+                b.dma(k_t, rect(ctx.buf(kt), qdt, bi * d * n, n, d, n))
+            for k0, kw in key_tiles if keys is not None else ():  # K rows, transposed on chip
+                kb = k_pool.tile(kw, (d,), qdt)
+                b.dma(kb, rect(ctx.buf(keys), qdt, bi * n * d + k0 * d, d, kw, d))
+                transpose_q(k_t.cols(k0, kw), kb)
             vs = []
             for k0, kw in key_tiles:
                 vt = v_pool.tile(kw, (dv,), pdt)

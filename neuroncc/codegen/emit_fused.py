@@ -3,7 +3,8 @@ one kernel whose intermediates stay in SBUF.
 
 Note [row space]: every value of a group is seen against one full shape F whose k trailing axes
 are a row (C = their product elements) and whose leading axes count the rows (R). A value is
-- full: shape F, an [R, C] tile stream, rows on partitions;
+- full: shape F (or, with k = 1, any shape of the same rows and row length: a reshape between
+  those is free), an [R, C] tile stream, rows on partitions;
 - row: shape F[:-k] + (1,)*k or F[:-k], one element per row ([R, 1] tiles);
 - col: shape (1,)*(rank-k) + F[-k:], the same row for every row (loaded once, partition stride
   0), only as the input of a broadcast (whose result reads that tile: "bcast_col");
@@ -55,8 +56,10 @@ class RowPlan:
 
 def _classify(shape: tuple[int, ...], full: tuple[int, ...], k: int) -> str | None:
     lead = full[: len(full) - k]
-    if shape == full:
-        return "full"
+    if shape == full or (
+        k == 1 and shape[-1:] == full[-1:] and math.prod(shape) == math.prod(full)
+    ):
+        return "full"  # the same [R, C] rows, however the leading axes are split
     if shape in (lead + (1,) * k, lead):
         return "row"
     if len(shape) == len(full) and shape == (1,) * len(lead) + full[len(lead) :]:
@@ -130,6 +133,11 @@ def plan(
         if n.op == Op.RESHAPE:
             # Same elements in the same order: the input takes the output's class.
             c = _classify(n.out.type.shape, full, k)
+            if c == "full":  # rows regrouped: the same [R, C] tile stream
+                if cls(n.inputs[0]) != "full":
+                    return None
+                kind[n.out.id] = "full"
+                continue
             have = kind.get(n.inputs[0].id)
             if c not in ("row", "col") or (have is not None and have != c):
                 return None

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from neuroncc.codegen import emit_matmul, emit_tensor  # noqa: F401  (register the emitters)
 from neuroncc.codegen.emit import EMITTERS, EmitCtx
-from neuroncc.codegen.emit_attention import attention_plan, emit_attention
+from neuroncc.codegen.emit_attention import (
+    AttentionPlan,
+    attention_plan,
+    emit_attention,
+    fold_key_transposes,
+)
 from neuroncc.codegen.emit_fused import emit_fused
 from neuroncc.codegen.program import Executable
 from neuroncc.codegen.targets import Target
@@ -16,23 +21,32 @@ from neuroncc.ir.printer import format_node
 
 def emit_graph(g: Graph, target: Target) -> Executable:
     ctx = EmitCtx(g, target)
-    kernel_of = g.kernel_of()
     nodes = list(g.nodes)
+    start = {ids[0]: ids for ids in g.kernels}
+    attention: dict[int, AttentionPlan] = {}
+    for ids in g.kernels:
+        group = [n for n in nodes if n.out.id in ids]
+        if len(group) > 1 and group[0].op is Op.MATMUL is group[-1].op:
+            ap = attention_plan(group, ctx.users, ctx._output_ids, target)
+            if ap is None:
+                raise CodegenError("the fuse pass formed an attention group codegen rejects")
+            attention[ids[0]] = ap
+    skipped = fold_key_transposes(g, list(attention.values()))
+    ctx.untransposed = {vid: k for vid, k in skipped.items() if k is not None}
     i = 0
     while i < len(nodes):
         n = nodes[i]
-        k = kernel_of.get(n.out.id)
-        if k is not None:
-            group = nodes[i : i + len(g.kernels[k])]
-            attention = None
-            if n.op is Op.MATMUL and group[-1].op is Op.MATMUL and len(group) > 1:
-                attention = attention_plan(group, ctx.users, ctx._output_ids, target)
-                if attention is None:
-                    raise CodegenError("the fuse pass formed an attention group codegen rejects")
-            kind = "attention" if attention else "fused"
+        if n.out.id in skipped:  # read by an attention kernel in another layout
+            i += 1
+            continue
+        ids = start.get(n.out.id)
+        if ids is not None:
+            group = nodes[i : i + len(ids)]
+            ap = attention.get(n.out.id)
+            kind = "attention" if ap else "fused"
             with ctx.b.kernel(f"{kind}.{n.out.id}-{group[-1].out.id}"):
-                if attention is not None:
-                    emit_attention(ctx, attention)  # Note [attention kernel]
+                if ap is not None:
+                    emit_attention(ctx, ap)  # Note [attention kernel]
                 elif n.op is Op.MATMUL:
                     emit_matmul.emit_matmul(ctx, n, group[1:])  # Note [matmul epilogue]
                 else:

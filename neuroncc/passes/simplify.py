@@ -6,8 +6,8 @@ the rules again (`_Emitter.add`), so every node reaches a fixed point.
 
 Invariant established: no identity reshape/transpose/broadcast/cast/slice, no chains of
 reshapes or transposes, no reshape/broadcast/transpose of a constant, no two nodes computing
-the same op on the same inputs, no dead nodes. Plus one algebraic rule for a pattern the SDPA
-decomposition makes (`_any_not_neg_inf`).
+the same op on the same inputs, no dead nodes. Plus two algebraic rules for patterns the SDPA
+decomposition makes (`_any_not_neg_inf`, `_scale_after_matmul`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import ClassVar
 
 from neuroncc.ir.graph import Graph, Node, Value, make_attrs
 from neuroncc.ir.ops import Op
+from neuroncc.ir.types import DType
 from neuroncc.passes.manager import PassContext, register_pass
 
 Rule = Callable[[Node, "_Emitter"], Value | None]
@@ -142,12 +143,46 @@ def _any_not_neg_inf(n: Node, em: _Emitter) -> Value | None:
     return em.add(Op.CAST, (unmasked,), {"dtype": n.out.type.dtype})
 
 
+def _scaled(em: _Emitter, v: Value) -> tuple[Value, float] | None:
+    """v = x * c for a constant c (under at most one reshape): (x shaped like v, c)."""
+    node = em.producers.get(v.id)
+    reshaped = node is not None and node.op == Op.RESHAPE
+    if reshaped:
+        node = em.producers.get(node.inputs[0].id)
+    if node is None or node.op != Op.MUL:
+        return None
+    for x, c in (node.inputs, node.inputs[::-1]):
+        value = _full_value(em, c)
+        if value is not None and c.type == x.type:
+            return (em.add(Op.RESHAPE, (x,), {"shape": v.type.shape}) if reshaped else x), value
+    return None
+
+
+def _scale_after_matmul(n: Node, em: _Emitter) -> Value | None:
+    """(a * c1) @ (b * c2) -> (a @ b) * (c1 * c2) for constants: SDPA scales q and k by
+    scale**0.5 each, two passes over the inputs; afterwards the scores take one multiply, inside
+    the attention kernel. Only for fp32 and bf16 (fp32's range: the unscaled product cannot
+    overflow where the scaled one would not, as fp16's could)."""
+    if n.op != Op.MATMUL or n.out.type.dtype not in (DType.F32, DType.BF16):
+        return None
+    a, b = n.inputs
+    sa, sb = _scaled(em, a), _scaled(em, b)
+    if sa is None and sb is None:
+        return None
+    (a0, ca), (b0, cb) = sa or (a, 1.0), sb or (b, 1.0)
+    t = n.out.type
+    product = em.add(Op.MATMUL, (a0, b0), {})
+    scale = em.add(Op.FULL, (), {"shape": t.shape, "value": ca * cb, "dtype": t.dtype})
+    return em.add(Op.MUL, (product, scale), {})
+
+
 simplify_rules: list[Rule] = [
     _identity,
     _constant_fold,
     _reshape_chain,
     _transpose_chain,
     _any_not_neg_inf,
+    _scale_after_matmul,
 ]
 
 

@@ -91,3 +91,30 @@ def test_any_unmasked_test_shares_the_row_max():
     neg_inf, nan = float("-inf"), float("nan")
     x = np.array([[1, 2, 3, 4, 5], [neg_inf] * 5, [neg_inf, nan, neg_inf, 0, 1]], np.float32)
     np.testing.assert_array_equal(interpret(after, [x]), interpret(g, [x]))
+
+
+SCALED_MATMUL = """graph @main(%0: f32[2,8,4], %1: f32[2,4,8]) {
+  %2 = full {shape=[2,8,4], value=0.5, dtype=f32} : f32[2,8,4]
+  %3 = mul %0, %2 : f32[2,8,4]
+  %4 = full {shape=[2,4,8], value=0.25, dtype=f32} : f32[2,4,8]
+  %5 = mul %4, %1 : f32[2,4,8]
+  %7 = matmul %3, %5 : f32[2,8,8]
+  return %7
+}
+"""
+
+SCALED_MATMUL_AFTER = """graph @main(%0: f32[2,8,4], %1: f32[2,4,8]) {
+  %8 = matmul %0, %1 : f32[2,8,8]
+  %9 = full {shape=[2,8,8], value=0.125, dtype=f32} : f32[2,8,8]
+  %10 = mul %8, %9 : f32[2,8,8]
+  return %10
+}
+"""
+
+
+def test_constant_scales_move_after_the_matmul():
+    g = parse(SCALED_MATMUL)
+    after = Simplify().run(g, CTX)
+    assert print_graph(after) == SCALED_MATMUL_AFTER
+    inputs = [random_input(v.type) for v in g.inputs]
+    np.testing.assert_allclose(interpret(after, inputs)[0], interpret(g, inputs)[0], rtol=1e-6)
