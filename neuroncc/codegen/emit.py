@@ -45,8 +45,9 @@ class EmitCtx:
         # Transposes folded into the matmul that reads them (emit_matmul): value id -> the
         # buffer holding the untransposed data.
         self.transposed_view: dict[int, str] = {}
-        # Kᵀ operands of attention kernels given as K (emit_attention.fold_key_transposes).
-        self.untransposed: dict[int, Value] = {}
+        # Attention operands read in place (emit_attention.fold_operand_views): value id ->
+        # its views.View.
+        self.views: dict = {}
 
     def alloc(self, v: Value) -> str:
         name = f"v{v.id}"

@@ -29,6 +29,7 @@ from neuroncc.codegen.emit import EmitCtx, P, rect
 from neuroncc.codegen.emit_fused import RowKernel, RowPlan, _sbuf_bytes, plan
 from neuroncc.codegen.emit_matmul import PeTransposer
 from neuroncc.codegen.targets import Target
+from neuroncc.codegen.views import View, contiguous_strides, strided_view
 from neuroncc.ir.graph import Graph, Node, Value
 from neuroncc.ir.ops import Op
 from neuroncc.ir.types import DType
@@ -169,48 +170,77 @@ def _heads_alive(ap: AttentionPlan) -> int:
 Block = tuple[int, int, int]  # (batch, first query row, rows)
 
 
-def fold_key_transposes(g: Graph, plans: Sequence[AttentionPlan]) -> dict[int, Value]:
-    """Kᵀ made by a transpose of K's last two axes (and reshapes) that only attention kernels
-    read: the kernel loads K itself and transposes it on TensorE, so the transpose is never
-    written to HBM. Returns Kᵀ value id -> K for those kernels and marks the transpose and
-    reshapes to skip: value id -> None."""
-    producers = g.producers()
-    users = g.users()
-    readers = {ap.scores.inputs[1].id: ap for ap in plans}
-    folded: dict[int, Value | None] = {}
-    for kt_id, ap in readers.items():
-        chain, vid = [], kt_id
-        while vid in producers and producers[vid].op is Op.RESHAPE:
-            chain.append(vid)
-            vid = producers[vid].inputs[0].id
-        node = producers.get(vid)
-        if node is None or node.op is not Op.TRANSPOSE:
-            continue
-        rank = node.out.type.rank
-        if node.attr("perm") != (*range(rank - 2), rank - 1, rank - 2):
-            continue
-        inner = {*chain, vid}
-        outputs = {v.id for v in g.outputs}
-        only_here = all(
-            x not in outputs and all(u.out.id in inner or u is ap.scores for u in users[x])
-            for x in inner
+def fold_operand_views(
+    g: Graph, plans: Sequence[AttentionPlan]
+) -> tuple[dict[int, View], set[int]]:
+    """Note [attention operands]: q, Kᵀ and v usually come out of one QKV projection through
+    slices, head-splitting reshapes and transposes. Where only the attention kernel reads
+    that chain, the kernel reads the projection in place (views.strided_view) and the chain
+    is not emitted: no transpose or slice kernel, no HBM round trip. Kᵀ whose keys are
+    contiguous (K's rows) is loaded as K and transposed on TensorE. Returns operand value id
+    -> its view, and the ids of the nodes not to emit."""
+    producers, users = g.producers(), g.users()
+    outputs = {v.id for v in g.outputs}
+    views: dict[int, View] = {}
+    viewed_by: dict[int, set[int]] = {}  # matmul out id -> the operands it reads as views
+    in_kernels = g.kernel_of()
+    chains: set[int] = set()
+    for ap in plans:
+        for mm, operand, layout in zip(
+            (ap.scores, ap.scores, ap.out), _operands(ap), ("rows", "keys", "rows"), strict=True
+        ):
+            view, chain = strided_view(operand, producers, in_kernels)
+            if chain and _load(view, layout) is not None:
+                views[operand.id] = view
+                viewed_by.setdefault(mm.out.id, set()).add(operand.id)
+                chains.update(chain)
+
+    def only_read_in_place(vid: int) -> bool:
+        return vid not in outputs and all(
+            u.out.id in skipped or vid in viewed_by.get(u.out.id, ()) for u in users[vid]
         )
-        if only_here:
-            folded.update(dict.fromkeys(inner))
-            folded[kt_id] = node.inputs[0]
-    return folded
+
+    # A chain node is not emitted once everything that reads it is not emitted or reads it
+    # in place; nodes shared with other readers stay (the views read through them).
+    skipped: set[int] = set()
+    grown = True
+    while grown:
+        new = {vid for vid in chains - skipped if only_read_in_place(vid)}
+        skipped |= new
+        grown = bool(new)
+    return views, skipped
+
+
+def _whole(v: Value) -> View:
+    return View(v, 0, v.type.shape, contiguous_strides(v.type.shape))
+
+
+def _operands(ap: AttentionPlan) -> tuple[Value, Value, Value]:
+    return ap.scores.inputs[0], ap.scores.inputs[1], ap.out.inputs[1]
+
+
+def _load(view: View, layout: str) -> str | None:
+    """How a view is read: "rows" (q, v: the last axis contiguous), "kt" (Kᵀ rows contiguous)
+    or "k" (K's rows contiguous, transposed on chip); None if it cannot be."""
+    last, second = view.strides[-1], view.strides[-2]
+    if layout == "rows":
+        return "rows" if last == 1 else None
+    if last == 1:
+        return "kt"
+    return "k" if second == 1 else None
 
 
 def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
     b, t = ctx.b, ctx.target
-    q, kt = ap.scores.inputs
-    v = ap.out.inputs[1]
+    q = ap.scores.inputs[0]
     qdt, sdt = q.type.dtype, ap.scores.out.type.dtype
     pdt, odt = ap.out.inputs[0].type.dtype, ap.out.out.type.dtype
     m, d, n, dv = ap.m, ap.d, ap.n, ap.dv
     nf = t.pe_moving_fmax
     out = ctx.alloc(ap.out.out)
-    folded = ctx.transposed_view.get(q.id)  # Qᵀ already in HBM: load it as it is
+    qv, kv, vv = (ctx.views.get(x.id) or _whole(x) for x in _operands(ap))
+    # Qᵀ already in HBM (a transpose folded into its matmul readers): load it as it is
+    folded = ctx.transposed_view.get(q.id) if q.id not in ctx.views else None
     inside = frozenset({ap.scores.out.id, ap.out.out.id, *ap.s_ids, *ap.p_chain})
     row = RowKernel(
         ctx,
@@ -235,7 +265,6 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
     kt_pool = b.sbuf_pool(n * qdt.itemsize, bufs=alive)
     v_pool = b.sbuf_pool(dv * pdt.itemsize, bufs=alive * len(key_tiles))
     q_pool = b.sbuf_pool(d * qdt.itemsize, bufs=2 * u)
-    keys = ctx.untransposed.get(kt.id)  # K itself, where the fuse of Kᵀ was folded away
     k_pool = b.sbuf_pool(d * qdt.itemsize, bufs=2)
     qt_pool = b.sbuf_pool(P * qdt.itemsize, bufs=3 * u)
     s_pool = b.sbuf_pool(n * sdt.itemsize, bufs=3 * u)
@@ -256,16 +285,22 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
         if bi not in heads:
             heads.pop(bi - alive, None)  # its tiles are taken again
             k_t = kt_pool.tile(d, (n,), qdt)
-            if keys is None:
-                b.dma(k_t, rect(ctx.buf(kt), qdt, bi * d * n, n, d, n))
-            for k0, kw in key_tiles if keys is not None else ():  # K rows, transposed on chip
-                kb = k_pool.tile(kw, (d,), qdt)
-                b.dma(kb, rect(ctx.buf(keys), qdt, bi * n * d + k0 * d, d, kw, d))
-                transpose_q(k_t.cols(k0, kw), kb)
+            off = kv.batch_offset(bi)
+            if _load(kv, "keys") == "kt":
+                b.dma(k_t, rect(ctx.buf(kv.base), qdt, off, kv.strides[-2], d, n))
+            else:  # K's rows, transposed on chip
+                for k0, kw in key_tiles:
+                    kb = k_pool.tile(kw, (d,), qdt)
+                    src = rect(
+                        ctx.buf(kv.base), qdt, off + k0 * kv.strides[-1], kv.strides[-1], kw, d
+                    )
+                    b.dma(kb, src)
+                    transpose_q(k_t.cols(k0, kw), kb)
             vs = []
+            off, stride = vv.batch_offset(bi), vv.strides[-2]
             for k0, kw in key_tiles:
                 vt = v_pool.tile(kw, (dv,), pdt)
-                b.dma(vt, rect(ctx.buf(v), pdt, bi * n * dv + k0 * dv, dv, kw, dv))
+                b.dma(vt, rect(ctx.buf(vv.base), pdt, off + k0 * stride, stride, kw, dv))
                 vs.append(vt)
             heads[bi] = (k_t, vs)
         return heads[bi]
@@ -278,7 +313,8 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
             b.dma(qt, rect(folded, qdt, bi * d * m + r0, m, d, rp))
             return
         qb = q_pool.tile(rp, (d,), qdt)
-        b.dma(qb, rect(ctx.buf(q), qdt, bi * m * d + r0 * d, d, rp, d))
+        stride = qv.strides[-2]
+        b.dma(qb, rect(ctx.buf(qv.base), qdt, qv.batch_offset(bi) + r0 * stride, stride, rp, d))
         transpose_q(qt, qb)
 
     def score_matmuls(blk: Block) -> None:

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from neuroncc.codegen import isa
-from neuroncc.codegen.builder import TilePool
+from neuroncc.codegen.builder import ProgramBuilder, TilePool
 from neuroncc.codegen.emit import EmitCtx, P, rect, register
 from neuroncc.codegen.emit_fused import RowKernel, emit_fused, epilogue_plan, epilogue_sbuf_bytes
 from neuroncc.codegen.targets import Target
@@ -39,6 +39,16 @@ from neuroncc.ir.types import DType
 PSUM_TRANSPOSE_BANKS = 1  # banks left for transposes; the rest accumulate matmul outputs
 SBUF_SHARE = 0.7  # of a partition, for A^T of one M block
 A_CHUNK_TILES = 8  # 128-column tiles of A per load
+TRANSPOSE_RUN_BYTES = 2048  # contiguous bytes per partition row in a transpose's DMAs
+
+
+def identity(b: ProgramBuilder, dtype: DType) -> isa.TileRef:
+    """A [128, 128] identity matrix in SBUF, the moving operand of TensorE transposes."""
+    ident = b.sbuf_pool(P * dtype.itemsize, bufs=1).tile(P, (P,), dtype)
+    grid = b.sbuf_pool(P * 4, bufs=1).tile(P, (P,), DType.F32)
+    b.emit(isa.Iota("pool", dst=grid, base=0.0, pstep=1.0, fstep=-1.0))  # p - f
+    b.emit(isa.TensorScalar("dve", op="eq", dst=ident, src=grid, scalar=0.0))
+    return ident
 
 
 class PeTransposer:
@@ -47,11 +57,7 @@ class PeTransposer:
     def __init__(self, ctx: EmitCtx, dtype: DType, banks: int = PSUM_TRANSPOSE_BANKS) -> None:
         b = ctx.b
         self.b, self.dtype = b, dtype
-        ident = b.sbuf_pool(P * dtype.itemsize, bufs=1).tile(P, (P,), dtype)
-        grid = b.sbuf_pool(P * 4, bufs=1).tile(P, (P,), DType.F32)
-        b.emit(isa.Iota("pool", dst=grid, base=0.0, pstep=1.0, fstep=-1.0))  # p - f
-        b.emit(isa.TensorScalar("dve", op="eq", dst=ident, src=grid, scalar=0.0))
-        self.ident = ident
+        self.ident = identity(b, dtype)
         bank = b.psum_pool(bufs=banks)
         # Four [128, 128] fp32 results share one 2 KiB bank, so transposes pipeline.
         self.psum = TilePool("psum", bank.base, P * 4, bufs=4 * banks)
@@ -253,8 +259,9 @@ def _emit_zero_or_simple(
 
 
 def emit_transpose_last2(ctx: EmitCtx, n: Node) -> bool:
-    """TRANSPOSE swapping the last two axes (leading axes kept) on TensorE, 128x128 tiles at
-    a time. Returns False where this does not apply (other permutations, integer data)."""
+    """TRANSPOSE swapping the last two axes (leading axes kept) on TensorE, 128x128 pieces at
+    a time (_transpose_blocks). Returns False where this does not apply (other permutations,
+    integer data)."""
     x = n.inputs[0]
     perm, rank = n.attr("perm"), x.type.rank
     dt = x.type.dtype
@@ -273,19 +280,54 @@ def emit_transpose_last2(ctx: EmitCtx, n: Node) -> bool:
     out = ctx.alloc(n.out)
     if r == 0 or c == 0:
         return True
-    b = ctx.b
-    transpose = PeTransposer(ctx, dt)
-    src_pool = b.sbuf_pool(P * dt.itemsize, bufs=4)
-    dst_pool = b.sbuf_pool(P * dt.itemsize, bufs=4)
-    for bi in range(math.prod(batch)):
-        off = bi * r * c
-        for r0 in range(0, r, P):
-            rp = min(P, r - r0)
-            for c0 in range(0, c, P):
-                cp = min(P, c - c0)
-                src = src_pool.tile(rp, (cp,), dt)
-                b.dma(src, rect(ctx.buf(x), dt, off + r0 * c + c0, c, rp, cp))
-                dst = dst_pool.tile(cp, (rp,), dt)
-                transpose(dst, src)
-                b.dma(rect(out, dt, off + c0 * r + r0, r, cp, rp), dst)
+    _transpose_blocks(ctx, ctx.buf(x), out, dt, math.prod(batch), r, c)
     return True
+
+
+def _transpose_blocks(ctx: EmitCtx, src: str, out: str, dt: DType, batch: int, r: int, c: int):
+    """out[b] = src[b].T for [r, c] matrices, in blocks of [w, w] with w = RUN_BYTES of
+    elements: w/128 row tiles [128, w] are loaded (w-element runs per partition, few DMA
+    descriptors), each [128, 128] piece is transposed on TensorE into one PSUM bank per
+    output row tile, copied out whole, and stored as [128, w] rows of the result."""
+    b, t = ctx.b, ctx.target
+    w = max(P, min(TRANSPOSE_RUN_BYTES // dt.itemsize, t.psum_bank_bytes // 4))
+    per = w // P  # row tiles per block
+    ident = identity(b, dt)
+    src_pool = b.sbuf_pool(w * dt.itemsize, bufs=2 * per)
+    dst_pool = b.sbuf_pool(w * dt.itemsize, bufs=2 * per)
+    psum = b.psum_pool(bufs=4)
+    engines = ("act", "dve")
+    copies = 0
+    for bi in range(batch):
+        off = bi * r * c
+        for r0 in range(0, r, w):
+            rows = [(r1, min(P, r - r1)) for r1 in range(r0, min(r, r0 + w), P)]
+            for c0 in range(0, c, w):
+                cw = min(w, c - c0)
+                tiles = []
+                for r1, rp in rows:
+                    tile = src_pool.tile(rp, (cw,), dt)
+                    b.dma(tile, rect(src, dt, off + r1 * c + c0, c, rp, cw))
+                    tiles.append(tile)
+                rw = sum(rp for _, rp in rows)
+                for c1 in range(0, cw, P):
+                    cp = min(P, cw - c1)
+                    ps = psum.tile(cp, (rw,), DType.F32)
+                    for i, ((_, rp), tile) in enumerate(zip(rows, tiles, strict=True)):
+                        piece = tile.cols(c1, cp)
+                        eye = ident.rows(rp).cols(0, rp)
+                        dst = ps.cols(i * P, rp)
+                        b.emit(
+                            isa.Matmul(
+                                "pe",
+                                dst=dst,
+                                stationary=piece,
+                                moving=eye,
+                                accumulate=False,
+                                transpose=True,
+                            )
+                        )
+                    row_out = dst_pool.tile(cp, (rw,), dt)
+                    b.emit(isa.TensorCopy(engines[copies % 2], dst=row_out, src=ps))
+                    copies += 1
+                    b.dma(rect(out, dt, off + (c0 + c1) * r + r0, r, cp, rw), row_out)

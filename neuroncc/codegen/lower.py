@@ -8,7 +8,7 @@ from neuroncc.codegen.emit_attention import (
     AttentionPlan,
     attention_plan,
     emit_attention,
-    fold_key_transposes,
+    fold_operand_views,
 )
 from neuroncc.codegen.emit_fused import emit_fused
 from neuroncc.codegen.program import Executable
@@ -31,12 +31,11 @@ def emit_graph(g: Graph, target: Target) -> Executable:
             if ap is None:
                 raise CodegenError("the fuse pass formed an attention group codegen rejects")
             attention[ids[0]] = ap
-    skipped = fold_key_transposes(g, list(attention.values()))
-    ctx.untransposed = {vid: k for vid, k in skipped.items() if k is not None}
+    ctx.views, skipped = fold_operand_views(g, list(attention.values()))
     i = 0
     while i < len(nodes):
         n = nodes[i]
-        if n.out.id in skipped:  # read by an attention kernel in another layout
+        if n.out.id in skipped:  # read in place by an attention kernel
             i += 1
             continue
         ids = start.get(n.out.id)

@@ -180,3 +180,17 @@ def test_matmul_layouts_are_exact_with_infinities(target, a_transposed):
     xs = RNG.standard_normal(x.type.shape).astype(np.float32)
     xs[(3, 5)] = np.inf
     check(g, [xs, RNG.standard_normal((k, n)).astype(np.float32)], TARGETS[target], 1e-4, 1e-4)
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype"),
+    [((700, 130), DType.F32), ((3, 129, 1030), DType.F32), ((2, 600, 520), DType.BF16)],
+)
+def test_transpose_in_blocks_of_long_runs(shape, dtype):
+    """The last two axes swapped in [512, 512] (bf16: [512, 1024]) blocks, with partial
+    row tiles, partial 128-column pieces and partial blocks."""
+    b = GraphBuilder()
+    x = b.input(TensorType(shape, dtype))
+    perm = [*range(len(shape) - 2), len(shape) - 1, len(shape) - 2]
+    g = b.build([b.op(Op.TRANSPOSE, x, perm=perm)])
+    check(g, rtol=0, atol=0)

@@ -61,7 +61,7 @@ def test_run_summarises_the_graphs(dumped):
 def test_show_text_has_stages_fusion_groups_and_kernel_costs(dumped):
     dump, _, _ = dumped
     out = _cli("show", dump, "--graph", "forward").stdout
-    for stage in ("fx", "nir", "simplify", "fuse", "program"):
+    for stage in ("fx", "nir", "simplify", "fuse", "schedule", "program"):
         assert f"== {stage} ==" in out
     assert "fusion groups (fuse):" in out and "kernel 0: %" in out
     assert "kernels (simulated" in out and "roofline" in out

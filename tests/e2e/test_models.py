@@ -265,7 +265,8 @@ def test_dump_dir_writes_every_stage(fresh, tmp_path):
         "01-nir.txt",
         "02-simplify.txt",
         "03-fuse.txt",
-        "04-program.txt",
+        "04-schedule.txt",
+        "05-program.txt",
         "graph.json",
         "program.json",
     ]

@@ -1,0 +1,111 @@
+"""Strided views: a value that reshapes, transposes and slices make from another, read in place.
+
+A kernel that can address its operand with strides does not need the reshape/transpose/slice
+chain to be materialised in HBM first: `strided_view` walks back from a value through those
+nodes to the value that owns a buffer and returns the affine map from the value's indices to
+that buffer's elements. The attention kernel reads q, k and v this way straight out of the
+fused QKV projection (emit_attention.fold_operand_views).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Container
+from dataclasses import dataclass
+
+from neuroncc.ir.graph import Node, Value
+from neuroncc.ir.ops import Op
+
+VIEW_OPS = (Op.RESHAPE, Op.TRANSPOSE, Op.SLICE)
+
+
+@dataclass(frozen=True)
+class View:
+    """Element (i_0, .., i_r) of a value of `shape` is element offset + sum(i_k * strides_k) of
+    `base`'s buffer."""
+
+    base: Value
+    offset: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+
+    def batch_offset(self, bi: int) -> int:
+        """Offset of matrix bi, counting the leading (all but the last two) axes row-major."""
+        off = self.offset
+        for size, stride in zip(
+            reversed(self.shape[:-2]), reversed(self.strides[:-2]), strict=True
+        ):
+            bi, i = divmod(bi, size)
+            off += i * stride
+        return off
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for size in reversed(shape):
+        strides.append(acc)
+        acc *= size
+    return tuple(reversed(strides))
+
+
+def strided_view(
+    v: Value, producers: dict[int, Node], opaque: Container[int] = ()
+) -> tuple[View, list[int]]:
+    """v as a view of the first value up its producer chain that is not a reshape, transpose
+    or slice (or where a reshape cannot be expressed with strides, or in `opaque`: made
+    inside a fused kernel, which decides what it stores), and the ids of the values walked
+    through, v first."""
+    node = producers.get(v.id)
+    if node is None or node.op not in VIEW_OPS or v.type.numel == 0 or v.id in opaque:
+        return View(v, 0, v.type.shape, contiguous_strides(v.type.shape)), []
+    inner, walked = strided_view(node.inputs[0], producers, opaque)
+    view = _apply(node, inner)
+    if view is None:
+        return View(v, 0, v.type.shape, contiguous_strides(v.type.shape)), []
+    return view, [v.id, *walked]
+
+
+def _apply(n: Node, x: View) -> View | None:
+    if n.op is Op.TRANSPOSE:
+        perm = n.attr("perm")
+        return View(x.base, x.offset, n.out.type.shape, tuple(x.strides[p] for p in perm))
+    if n.op is Op.SLICE:
+        starts, steps = n.attr("starts"), n.attr("steps")
+        offset = x.offset + sum(s * st for s, st in zip(starts, x.strides, strict=True))
+        strides = tuple(st * step for st, step in zip(x.strides, steps, strict=True))
+        return View(x.base, offset, n.out.type.shape, strides)
+    strides = reshape_strides(x.shape, x.strides, n.out.type.shape)
+    return None if strides is None else View(x.base, x.offset, n.out.type.shape, strides)
+
+
+def reshape_strides(
+    shape: tuple[int, ...], strides: tuple[int, ...], new: tuple[int, ...]
+) -> tuple[int, ...] | None:
+    """Strides of `new` over the same elements in the same order, or None where that needs a
+    copy (merged axes that are not contiguous with each other). NumPy's no-copy reshape."""
+    old = [(s, st) for s, st in zip(shape, strides, strict=True) if s != 1]
+    out = [0] * len(new)
+    oi, ni = 0, 0
+    while ni < len(new) and oi < len(old):
+        if new[ni] == 1:
+            ni += 1
+            continue
+        oj, nj = oi + 1, ni + 1
+        o_size, n_size = old[oi][0], new[ni]
+        while o_size != n_size:
+            if n_size < o_size:
+                n_size *= new[nj]
+                nj += 1
+            else:
+                o_size *= old[oj][0]
+                oj += 1
+        for k in range(oi, oj - 1):  # merged old axes must be one contiguous run
+            if old[k][1] != old[k + 1][0] * old[k + 1][1]:
+                return None
+        out[nj - 1] = old[oj - 1][1]
+        for k in range(nj - 1, ni, -1):
+            out[k - 1] = out[k] * new[k]
+        oi, ni = oj, nj
+    if math.prod(new) != math.prod(shape):
+        return None
+    return tuple(out)
