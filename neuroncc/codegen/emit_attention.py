@@ -29,10 +29,10 @@ from neuroncc.codegen.emit import EmitCtx, P, rect
 from neuroncc.codegen.emit_fused import RowKernel, RowPlan, _sbuf_bytes, plan
 from neuroncc.codegen.emit_matmul import PeTransposer
 from neuroncc.codegen.targets import Target
-from neuroncc.codegen.views import View, contiguous_strides, strided_view
+from neuroncc.codegen.views import View, strided_view
 from neuroncc.ir.graph import Graph, Node, Value
 from neuroncc.ir.ops import Op
-from neuroncc.ir.types import DType
+from neuroncc.ir.types import DType, contiguous_strides
 
 SBUF_SHARE = 0.85  # of a partition, for the whole kernel
 SPAN = 6  # steps in flight: Qᵀ three steps ahead of the row group, P V two steps behind

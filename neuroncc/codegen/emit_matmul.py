@@ -32,9 +32,10 @@ from neuroncc.codegen.builder import ProgramBuilder, TilePool
 from neuroncc.codegen.emit import EmitCtx, P, rect, register
 from neuroncc.codegen.emit_fused import RowKernel, emit_fused, epilogue_plan, epilogue_sbuf_bytes
 from neuroncc.codegen.targets import Target
+from neuroncc.codegen.views import View
 from neuroncc.ir.graph import Node
 from neuroncc.ir.ops import Op
-from neuroncc.ir.types import DType
+from neuroncc.ir.types import DType, contiguous_strides
 
 PSUM_TRANSPOSE_BANKS = 1  # banks left for transposes; the rest accumulate matmul outputs
 SBUF_SHARE = 0.7  # of a partition, for A^T of one M block
@@ -259,37 +260,55 @@ def _emit_zero_or_simple(
 
 
 def emit_transpose_last2(ctx: EmitCtx, n: Node) -> bool:
-    """TRANSPOSE swapping the last two axes (leading axes kept) on TensorE, 128x128 pieces at
-    a time (_transpose_blocks). Returns False where this does not apply (other permutations,
-    integer data)."""
+    """TRANSPOSE on TensorE, 128x128 pieces at a time (_transpose_blocks), for permutations
+    that put the input's last axis second-to-last in the output (the last two axes swapped,
+    or a head split [b, s, h, d] -> [b, h, d, s]): each output matrix is then the transpose
+    of a matrix of the input with contiguous rows. Returns False where this does not apply
+    (other permutations, integer data)."""
     x = n.inputs[0]
-    perm, rank = n.attr("perm"), x.type.rank
-    dt = x.type.dtype
-    if rank < 2 or tuple(perm) != (*range(rank - 2), rank - 1, rank - 2) or not dt.is_float:
+    shape, perm = _squeezed(x.type.shape, tuple(n.attr("perm")))
+    rank, dt = len(shape), x.type.dtype
+    if rank < 2 or perm[-2] != rank - 1 or perm[-1] == rank - 1 or not dt.is_float:
         return False
     users = ctx.users[n.out.id]
     only_left_operand = all(
         u.op == Op.MATMUL and u.inputs[0].id == n.out.id != u.inputs[1].id for u in users
     )
-    if users and only_left_operand and n.out.id not in ctx._output_ids:
+    last2 = tuple(n.attr("perm")) == (*range(x.type.rank - 2), x.type.rank - 1, x.type.rank - 2)
+    if last2 and users and only_left_operand and n.out.id not in ctx._output_ids:
         ctx.transposed_view[n.out.id] = ctx.buf(x)  # the matmuls read A^T from x itself
         return True
     if not ctx.target.pe_exact_transpose:
         return False
-    *batch, r, c = x.type.shape
     out = ctx.alloc(n.out)
-    if r == 0 or c == 0:
+    if n.out.type.numel == 0:
         return True
-    _transpose_blocks(ctx, ctx.buf(x), out, dt, math.prod(batch), r, c)
+    # The matrices whose transposes the output's matrices are, as a view of x.
+    xs = contiguous_strides(shape)
+    *lead, r, c = (shape[p] for p in perm)
+    strides = (*(xs[p] for p in perm[:-2]), xs[perm[-1]], 1)
+    source = View(x, 0, (*lead, c, r), strides)
+    _transpose_blocks(ctx, source, out, dt)
     return True
 
 
-def _transpose_blocks(ctx: EmitCtx, src: str, out: str, dt: DType, batch: int, r: int, c: int):
-    """out[b] = src[b].T for [r, c] matrices, in blocks of [w, w] with w = RUN_BYTES of
+def _squeezed(shape: tuple[int, ...], perm: tuple[int, ...]) -> tuple[tuple, tuple]:
+    """The same transpose without axes of size 1 (they do not change the memory layout):
+    [1, s, d] -> [d, 1, s] is a plain [s, d] -> [d, s]."""
+    keep = [a for a in range(len(shape)) if shape[a] != 1]
+    new = {a: i for i, a in enumerate(keep)}
+    return tuple(shape[a] for a in keep), tuple(new[p] for p in perm if p in new)
+
+
+def _transpose_blocks(ctx: EmitCtx, source: View, out: str, dt: DType) -> None:
+    """out[b] = source[b].T for the [r, c] matrices of a view with contiguous rows, in
+    blocks of [w, w] with w = RUN_BYTES of
     elements: w/128 row tiles [128, w] are loaded (w-element runs per partition, few DMA
     descriptors), each [128, 128] piece is transposed on TensorE into one PSUM bank per
     output row tile, copied out whole, and stored as [128, w] rows of the result."""
     b, t = ctx.b, ctx.target
+    *lead, r, c = source.shape
+    src, row_stride = ctx.buf(source.base), source.strides[-2]
     w = max(P, min(TRANSPOSE_RUN_BYTES // dt.itemsize, t.psum_bank_bytes // 4))
     per = w // P  # row tiles per block
     ident = identity(b, dt)
@@ -298,8 +317,8 @@ def _transpose_blocks(ctx: EmitCtx, src: str, out: str, dt: DType, batch: int, r
     psum = b.psum_pool(bufs=4)
     engines = ("act", "dve")
     copies = 0
-    for bi in range(batch):
-        off = bi * r * c
+    for bi in range(math.prod(lead)):
+        off, out_off = source.batch_offset(bi), bi * r * c
         for r0 in range(0, r, w):
             rows = [(r1, min(P, r - r1)) for r1 in range(r0, min(r, r0 + w), P)]
             for c0 in range(0, c, w):
@@ -307,7 +326,7 @@ def _transpose_blocks(ctx: EmitCtx, src: str, out: str, dt: DType, batch: int, r
                 tiles = []
                 for r1, rp in rows:
                     tile = src_pool.tile(rp, (cw,), dt)
-                    b.dma(tile, rect(src, dt, off + r1 * c + c0, c, rp, cw))
+                    b.dma(tile, rect(src, dt, off + r1 * row_stride + c0, row_stride, rp, cw))
                     tiles.append(tile)
                 rw = sum(rp for _, rp in rows)
                 for c1 in range(0, cw, P):
@@ -330,4 +349,4 @@ def _transpose_blocks(ctx: EmitCtx, src: str, out: str, dt: DType, batch: int, r
                     row_out = dst_pool.tile(cp, (rw,), dt)
                     b.emit(isa.TensorCopy(engines[copies % 2], dst=row_out, src=ps))
                     copies += 1
-                    b.dma(rect(out, dt, off + (c0 + c1) * r + r0, r, cp, rw), row_out)
+                    b.dma(rect(out, dt, out_off + (c0 + c1) * r + r0, r, cp, rw), row_out)

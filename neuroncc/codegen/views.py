@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from neuroncc.ir.graph import Node, Value
 from neuroncc.ir.ops import Op
+from neuroncc.ir.types import contiguous_strides
 
 VIEW_OPS = (Op.RESHAPE, Op.TRANSPOSE, Op.SLICE)
 
@@ -38,14 +39,6 @@ class View:
             bi, i = divmod(bi, size)
             off += i * stride
         return off
-
-
-def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for size in reversed(shape):
-        strides.append(acc)
-        acc *= size
-    return tuple(reversed(strides))
 
 
 def strided_view(

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from neuroncc.codegen import isa
 from neuroncc.codegen.lower import emit_graph
 from neuroncc.codegen.targets import TARGETS, TRN2
 from neuroncc.ir import DType, GraphBuilder, Op, TensorType, interpret, verify
@@ -183,14 +184,22 @@ def test_matmul_layouts_are_exact_with_infinities(target, a_transposed):
 
 
 @pytest.mark.parametrize(
-    ("shape", "dtype"),
-    [((700, 130), DType.F32), ((3, 129, 1030), DType.F32), ((2, 600, 520), DType.BF16)],
+    ("shape", "perm", "dtype"),
+    [
+        ((700, 130), (1, 0), DType.F32),
+        ((3, 129, 1030), (0, 2, 1), DType.F32),
+        ((2, 600, 520), (0, 2, 1), DType.BF16),
+        ((1, 300, 5, 24), (0, 2, 3, 1), DType.F32),  # heads split, keys last: [b, h, d, s]
+        ((2, 130, 3, 8), (2, 0, 3, 1), DType.F32),
+        ((1, 200, 136), (2, 0, 1), DType.F32),  # [1, s, d] -> [d, 1, s]: size-1 axes ignored
+    ],
 )
-def test_transpose_in_blocks_of_long_runs(shape, dtype):
-    """The last two axes swapped in [512, 512] (bf16: [512, 1024]) blocks, with partial
-    row tiles, partial 128-column pieces and partial blocks."""
+def test_transpose_in_blocks_of_long_runs(shape, perm, dtype):
+    """Transposes that put the input's last axis second-to-last run on TensorE in [512, 512]
+    (bf16: [512, 1024]) blocks: partial row tiles, partial 128-column pieces, partial blocks,
+    and batch axes permuted too."""
     b = GraphBuilder()
     x = b.input(TensorType(shape, dtype))
-    perm = [*range(len(shape) - 2), len(shape) - 1, len(shape) - 2]
-    g = b.build([b.op(Op.TRANSPOSE, x, perm=perm)])
-    check(g, rtol=0, atol=0)
+    g = b.build([b.op(Op.TRANSPOSE, x, perm=list(perm))])
+    exe = check(g, rtol=0, atol=0)
+    assert any(isinstance(i, isa.Matmul) and i.transpose for i in exe.instructions)
