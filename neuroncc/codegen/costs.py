@@ -108,7 +108,7 @@ def _cycles(ins: isa.Instr, t: Target) -> float:
         m, n = ins.stationary.free_elems, ins.moving.free_elems
         slow = t.pe_fp32_slowdown if ins.moving.dtype == DType.F32 else 1
         return max(min(64, m), n) * slow
-    if isinstance(ins, isa.Activation):
+    if isinstance(ins, (isa.Activation, isa.ActivationReduce)):  # the reduction is free
         lowp = ins.src.dtype in _LOW_PRECISION
         speed = t.scalar_lowp_speedup if lowp else 1.0
         return t.access_overhead_cycles + max(t.min_ii_cycles, ins.src.free_elems / speed)

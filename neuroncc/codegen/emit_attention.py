@@ -3,7 +3,7 @@ whatever form the lowering produced it) on Vector/Scalar, then O = P V on Tensor
 kept in SBUF and PSUM: the [rows, keys] scores never go to HBM.
 
 Note [attention kernel]: the fuse pass groups `matmul(Q, Kᵀ)`, the reshapes and row ops after it
-(`emit_fused.plan` with the key axis as the row) and `matmul(P, V)`. Per batch (head) the kernel
+(`row_plan.plan` with the key axis as the row) and `matmul(P, V)`. Per batch (head) the kernel
 loads Kᵀ [D, N] and V ([128, Dv] tiles over the keys) once; per block of 128 query rows it
 - transposes the Q block on TensorE (Qᵀ [D, rows]: the contraction on partitions) and computes
   the scores in [rows, 512] PSUM banks, copied to one [rows, N] SBUF tile;
@@ -26,8 +26,9 @@ from dataclasses import dataclass, replace
 from neuroncc.codegen import isa
 from neuroncc.codegen.builder import TilePool
 from neuroncc.codegen.emit import EmitCtx, P, rect
-from neuroncc.codegen.emit_fused import RowKernel, RowPlan, _sbuf_bytes, plan
+from neuroncc.codegen.emit_fused import RowKernel
 from neuroncc.codegen.emit_matmul import PeTransposer
+from neuroncc.codegen.row_plan import RowPlan, plan, sbuf_bytes
 from neuroncc.codegen.targets import Target
 from neuroncc.codegen.views import View, strided_view
 from neuroncc.ir.graph import Graph, Node, Value
@@ -66,7 +67,7 @@ class AttentionPlan:
         return 2 * self.unit
 
     def sbuf_bytes(self) -> int:
-        return _kernel_bytes(self) + _sbuf_bytes(self.rows, self.row_plan, self.row_rounds)
+        return _kernel_bytes(self) + sbuf_bytes(self.rows, self.row_plan, self.row_rounds)
 
 
 def attention_plan(

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from neuroncc.codegen import isa
 from neuroncc.codegen.builder import ProgramBuilder, TilePool
 from neuroncc.codegen.emit import EmitCtx, P, rect, register
-from neuroncc.codegen.emit_fused import RowKernel, emit_fused, epilogue_plan, epilogue_sbuf_bytes
+from neuroncc.codegen.emit_fused import RowKernel, emit_fused
+from neuroncc.codegen.row_plan import epilogue_plan, epilogue_sbuf_bytes
 from neuroncc.codegen.targets import Target
 from neuroncc.codegen.views import View
 from neuroncc.ir.graph import Node

@@ -232,6 +232,26 @@ class Activation(Instr):
 
 
 @dataclass(frozen=True)
+class ActivationReduce(Instr):
+    """ScalarE: dst = func(src + bias) with `bias` a per-partition [p, 1] tile, and
+    acc[p, 0] = the sum of each row of dst as stored (nki.isa.activation_reduce), in fp32:
+    a softmax's exp(x - max) and its row sum in one pass."""
+
+    opcode: ClassVar[str] = "activation_reduce"
+    func: str
+    dst: TileRef
+    src: TileRef
+    bias: TileRef
+    acc: TileRef
+
+    def reads(self):
+        return (self.src, self.bias)
+
+    def writes(self):
+        return (self.dst, self.acc)
+
+
+@dataclass(frozen=True)
 class TensorTensor(Instr):
     """VectorE: dst = a <op> b, elementwise over equally shaped tiles."""
 
@@ -345,6 +365,7 @@ INSTRUCTIONS: dict[str, type[Instr]] = {
         DmaScatter,
         Matmul,
         Activation,
+        ActivationReduce,
         TensorTensor,
         TensorScalar,
         TensorReduce,

@@ -19,7 +19,8 @@ from typing import Any
 from neuroncc.codegen import isa
 from neuroncc.ir.types import DType
 
-FORMAT_VERSION = 3  # 2: Matmul.transpose; 3: interned operands, positional rows
+FORMAT_VERSION = 4  # 2: Matmul.transpose; 3: interned operands, positional rows;
+# 4: activation_reduce
 
 
 @dataclass(frozen=True)

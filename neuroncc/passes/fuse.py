@@ -7,7 +7,7 @@ matmul -> row group -> matmul, as one kernel that keeps the scores on chip (Note
 kernel] in emit_attention.py).
 
 The decision is the cost model's: a group forms only where codegen can emit it within the
-target's SBUF (`emit_fused.plan`), and only where it saves HBM traffic, i.e. some value made in
+target's SBUF (`row_plan.plan`), and only where it saves HBM traffic, i.e. some value made in
 the group is used only inside it. Groups are runs of consecutive nodes (consecutive nodes are
 always a convex set, so no value leaves and re-enters a kernel); the IR order from the lowering
 keeps each normalisation's chain together.
@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from neuroncc.codegen.emit_attention import attention_plan
-from neuroncc.codegen.emit_fused import epilogue_plan, fusible, plan, uses_result
+from neuroncc.codegen.row_plan import epilogue_plan, fusible, plan, uses_result
 from neuroncc.ir.graph import Graph, Node
 from neuroncc.ir.ops import Op
 from neuroncc.passes.manager import PassContext, register_pass

@@ -112,6 +112,21 @@ def run_activation(m: Memories, ins: isa.Activation, t: Target) -> None:
     _store(m.tile(ins.dst), fn(x))
 
 
+def run_activation_reduce(m: Memories, ins: isa.ActivationReduce, t: Target) -> None:
+    _same_shape(ins, ins.dst, ins.src)
+    if not ins.bias.shape == ins.acc.shape == (ins.dst.np, 1):
+        raise SimulationError(f"{ins.opcode}: bias and acc must be [{ins.dst.np}, 1] tiles")
+    fn = numerics.UNARY.get(ins.func)
+    if fn is None:
+        raise SimulationError(f"activation function {ins.func!r} does not exist")
+    x = m.tile(ins.src).astype(np.float32).reshape(ins.dst.np, -1)
+    x = x + m.tile(ins.bias).astype(np.float32).reshape(ins.dst.np, 1)
+    dst = m.tile(ins.dst)
+    _store(dst, fn(x))
+    rows = dst.astype(np.float32).reshape(ins.dst.np, -1)
+    _store(m.tile(ins.acc), rows.sum(axis=1, keepdims=True))
+
+
 def _binary(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if op == "div" and a.dtype.kind == "i" and b.dtype.kind == "i":
         return numerics.int_divide(a, b)
@@ -199,6 +214,7 @@ SEMANTICS: dict[str, Callable[[Memories, isa.Instr, Target], None]] = {
     "dma_scatter": run_dma_scatter,
     "matmul": run_matmul,
     "activation": run_activation,
+    "activation_reduce": run_activation_reduce,
     "tensor_tensor": run_tensor_tensor,
     "tensor_scalar": run_tensor_scalar,
     "tensor_reduce": run_tensor_reduce,

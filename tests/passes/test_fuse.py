@@ -2,13 +2,14 @@
 and form only where the row fits in SBUF."""
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 
 import neuroncc
-from neuroncc.codegen.emit_fused import plan
 from neuroncc.codegen.lower import emit_graph
+from neuroncc.codegen.row_plan import plan
 from neuroncc.codegen.targets import TRN1, TRN2
 from neuroncc.ir import DType, GraphBuilder, Op, TensorType, interpret, parse, print_graph
 from neuroncc.passes.fuse import Fuse
@@ -161,3 +162,36 @@ def test_constants_of_a_group_are_immediates_of_tensor_scalar():
     assert pows and all(i.opcode == "tensor_scalar" and i.scalar == 2.0 for i in pows)
     x = random_input(g.inputs[0].type)
     np.testing.assert_allclose(run(exe, [x], TRN2)[0], interpret(g, [x])[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_softmax_exp_and_sum_are_one_activation_reduce(dtype):
+    """exp(x - max) and its row sum: one ScalarE activation_reduce (bias = -max per row)
+    instead of a subtraction, an activation and a reduction; the log-sum-exp, read outside
+    the group, is still stored."""
+    g = parse(
+        f"""graph @main(%0: {dtype}[300,200]) {{
+  %1 = reduce_max %0 {{axes=[1], keepdim=true}} : {dtype}[300,1]
+  %2 = broadcast %1 {{shape=[300,200]}} : {dtype}[300,200]
+  %3 = sub %0, %2 : {dtype}[300,200]
+  %4 = exp %3 : {dtype}[300,200]
+  %5 = reduce_sum %4 {{axes=[1], keepdim=true}} : {dtype}[300,1]
+  %6 = broadcast %5 {{shape=[300,200]}} : {dtype}[300,200]
+  %7 = div %4, %6 : {dtype}[300,200]
+  %8 = log %5 : {dtype}[300,1]
+  return %7, %8
+}}
+"""
+    )
+    fused = Fuse().run(g, CTX)
+    assert len(fused.kernels) == 1
+    exe = emit_graph(fused, TRN2)
+    opcodes = [i.opcode for i in exe.instructions]
+    assert opcodes.count("activation_reduce") == 3  # one per 128-row step
+    assert not any(getattr(i, "op", None) in ("sub", "sum") for i in exe.instructions)
+    x = random_input(g.inputs[0].type)
+    tol = 1e-2 if dtype == "bf16" else 1e-6
+    for got, want in zip(run(exe, [x], TRN2), interpret(g, [x]), strict=True):
+        np.testing.assert_allclose(
+            got.astype(np.float32), want.astype(np.float32), rtol=tol, atol=tol
+        )
