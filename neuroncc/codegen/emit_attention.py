@@ -46,6 +46,7 @@ class AttentionPlan:
     rows: Sequence[Node]  # the row group between them
     row_plan: RowPlan
     s_ids: frozenset[int]  # the scores and their reshapes
+    given: frozenset[int]  # what the row group is given: those, or the result of `evac`
     p_id: int  # the row group's value the second matmul reads (through reshapes)
     p_chain: frozenset[int]  # those reshapes
     batch: int
@@ -54,6 +55,7 @@ class AttentionPlan:
     n: int
     dv: int
     unit: int = 1  # 128-row query blocks per pipeline step (Note [attention pipeline])
+    evac: tuple[str, float] | None = None  # (op, constant) applied as the scores leave PSUM
 
     @property
     def chunks(self) -> int:
@@ -111,22 +113,48 @@ def attention_plan(
         if vid in outputs or any(u.out.id not in inside for u in users[vid]):
             return None  # the scores, or a reshape of P, read outside: they would need HBM
     rows = [x for x in middle if x.out.id not in s_ids | p_chain]
+    given, evac = s_ids, _evacuation_op(rows, s_ids, users)
+    if evac is not None and (
+        evac[0].out.id in outputs or any(u.out.id not in inside for u in users[evac[0].out.id])
+    ):
+        evac = None  # read outside the kernel: it stays a row op, which stores it
+    if evac is not None:  # the scores' first op, done on the way out of PSUM
+        node = evac[0]
+        rows = [x for x in rows if x is not node and users[x.out.id] != [node]]
+        given = {node.out.id}
     full = producer[p_id].out.type.shape
     rp = plan(rows, t, (full, 1))
     if rp is None or rp.flat or rp.rows != math.prod(batch) * m or rp.cols != n:
         return None
-    if rp.kind.get(p_id) != "full" or not any(vid in rp.kind for vid in s_ids):
+    if rp.kind.get(p_id) != "full" or not any(vid in rp.kind for vid in given):
         return None
-    if any(rp.kind.get(vid, "full") != "full" for vid in s_ids):
+    if any(rp.kind.get(vid, "full") != "full" for vid in given):
         return None
-    ids = (frozenset(s_ids), p_id, frozenset(p_chain))
-    base = AttentionPlan(mm1, mm2, rows, rp, *ids, math.prod(batch), m, d, n, dv)
+    ids = (frozenset(s_ids), frozenset(given), p_id, frozenset(p_chain))
+    evac_op = (evac[0].op.value, evac[1]) if evac else None
+    base = AttentionPlan(mm1, mm2, rows, rp, *ids, math.prod(batch), m, d, n, dv, evac=evac_op)
     for unit in (2, 1):  # two blocks per step where they fit, so their row groups interleave
         ap = replace(base, unit=unit)
         fits = ap.sbuf_bytes() <= SBUF_SHARE * t.sbuf_partition_bytes
         if fits and _psum_banks(ap, t) is not None:
             return ap
     return None
+
+
+def _evacuation_op(rows: Sequence[Node], s_ids: set[int], users: dict) -> tuple[Node, float] | None:
+    """The scores' only reader, if it is `scores <mul|add> constant` (the softmax scale): the
+    copy out of PSUM applies it (tensor_scalar), one pass over the scores fewer."""
+    readers = {u.out.id: u for vid in s_ids for u in users[vid] if u.out.id not in s_ids}
+    if len(readers) != 1:
+        return None
+    (node,) = readers.values()
+    consts = {x.out.id: x for x in rows if x.op is Op.FULL}
+    if node.op not in (Op.MUL, Op.ADD) or not node.out.type.dtype.is_float:
+        return None
+    a, c = node.inputs if node.inputs[0].id in s_ids else node.inputs[::-1]
+    if a.id not in s_ids or c.id not in consts or c.type != a.type:
+        return None
+    return node, float(consts[c.id].attr("value"))
 
 
 def _psum_banks(ap: AttentionPlan, t: Target) -> tuple[int, int] | None:
@@ -328,11 +356,16 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
     def score_copies(blk: Block) -> None:
         s_sb[blk] = s = s_pool.tile(blk[2], (n,), sdt)
         for (c0, w), src in zip(chunks, s_ps.pop(blk), strict=True):
-            b.emit(isa.TensorCopy(transpose_p.evacuation_engine(), dst=s.cols(c0, w), src=src))
+            engine, dst = transpose_p.evacuation_engine(), s.cols(c0, w)
+            if ap.evac is None:
+                b.emit(isa.TensorCopy(engine, dst=dst, src=src))
+            else:
+                op, scalar = ap.evac
+                b.emit(isa.TensorScalar(engine, op=op, dst=dst, src=src, scalar=scalar))
 
     def softmax(step: list[Block]) -> None:
         specs = [
-            (bi * m + r0, rp, 0, n, dict.fromkeys(ap.s_ids, s_sb.pop((bi, r0, rp))))
+            (bi * m + r0, rp, 0, n, dict.fromkeys(ap.given, s_sb.pop((bi, r0, rp))))
             for bi, r0, rp in step
         ]
         for blk, tiles in zip(step, row.steps(specs), strict=True):
