@@ -23,6 +23,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -280,6 +281,9 @@ def print_table(rows: list[Row]) -> None:
     fractions = [max(r.fraction, 1e-9) for r in rows]
     geo = math.exp(sum(math.log(f) for f in fractions) / len(fractions))
     print(f"geometric mean of the roofline fraction: {geo:.1%}")
+    ratios = [r.compile_s / r.inductor_compile_s for r in rows if r.inductor_compile_s]
+    if ratios:
+        print(f"compile time / Inductor's: median {statistics.median(ratios):.2f} (target <= 0.25)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,17 +4,20 @@ kept in SBUF and PSUM: the [rows, keys] scores never go to HBM.
 
 Note [attention kernel]: the fuse pass groups `matmul(Q, Kᵀ)`, the reshapes and row ops after it
 (`row_plan.plan` with the key axis as the row) and `matmul(P, V)`. Per batch (head) the kernel
-loads Kᵀ [D, N] and V ([128, Dv] tiles over the keys) once; per block of 128 query rows it
-- transposes the Q block on TensorE (Qᵀ [D, rows]: the contraction on partitions) and computes
-  the scores in [rows, 512] PSUM banks, copied to one [rows, N] SBUF tile;
+loads Kᵀ [D, N] (or K, transposed on chip) and V ([128, Dv] tiles over the keys) once, reading
+them in place (Note [attention operands]); per block of 128 query rows it
+- transposes the Q block on TensorE (Qᵀ [D, rows]: the contraction on partitions), computes the
+  scores in [rows, 512] PSUM banks and copies them to one [rows, N] SBUF tile, applying the
+  scores' first op if it is a constant scale (`evac`);
 - runs the row group on that tile as one RowKernel step (every op sees the whole key row, so a
-  softmax's max and sum are exact, no online rescaling);
+  softmax's max and sum are exact, no online rescaling; exp and the row sum are one ScalarE
+  activation_reduce);
 - transposes P 128 keys at a time on TensorE and accumulates P V over the key tiles in one PSUM
   bank.
-The next block's scores are issued before this block's P V, so TensorE works on block i+1 while
-VectorE and ScalarE run block i's softmax. A whole key row must fit in SBUF (`attention_plan`
-checks; at fp32 that is tens of thousands of keys); longer rows, head dimensions over 128 and
-targets without an exact TensorE transpose (P would have to round-trip) are left unfused.
+The blocks are software-pipelined (Note [attention pipeline]). A whole key row must fit in SBUF
+and a block's scores in the PSUM banks (`attention_plan` checks: up to 3072 keys); longer rows,
+head dimensions over 128 and targets without an exact TensorE transpose (P would have to
+round-trip through HBM) are left unfused: the row group and matmuls then run as before.
 """
 
 from __future__ import annotations
