@@ -23,9 +23,10 @@ def emit_graph(g: Graph, target: Target) -> Executable:
     ctx = EmitCtx(g, target)
     nodes = list(g.nodes)
     start = {ids[0]: ids for ids in g.kernels}
+    index = {n.out.id: i for i, n in enumerate(nodes)}
     attention: dict[int, AttentionPlan] = {}
     for ids in g.kernels:
-        group = [n for n in nodes if n.out.id in ids]
+        group = nodes[index[ids[0]] : index[ids[0]] + len(ids)]
         if len(group) > 1 and group[0].op is Op.MATMUL is group[-1].op:
             ap = attention_plan(group, ctx.users, ctx._output_ids, target)
             if ap is None:

@@ -84,10 +84,12 @@ def _attention_groups(
     groups: dict[int, tuple[int, ...]] = {}
     i = 0
     while i < len(nodes):
-        j = next((j for j in range(i + 1, len(nodes)) if nodes[j].op is Op.MATMUL), None)
-        if nodes[i].op is not Op.MATMUL or j is None:
+        if nodes[i].op is not Op.MATMUL:
             i += 1
             continue
+        j = next((j for j in range(i + 1, len(nodes)) if nodes[j].op is Op.MATMUL), None)
+        if j is None:
+            break
         span = {n.out.id for n in nodes[i : j + 1]}
         hoisted = []
         for n in nodes[i + 1 : j]:
