@@ -13,8 +13,8 @@ from dataclasses import replace
 from neuroncc.codegen import costs, isa
 from neuroncc.codegen.emit import EmitCtx, P, _compute_instr, rect
 from neuroncc.codegen.row_plan import (
-    _REDUCE,
     COLUMN_CHUNK_BYTES,
+    REDUCE_OPS,
     RowPlan,
     assign_slots,
     in_place_results,
@@ -376,10 +376,10 @@ def _tile_ops(k: RowKernel, r0: int, rp: int, c0: int, f: int, tiles: dict):
             dst = k.row_pool.tile(rp, (1,), n.out.type.dtype)
         if n.out.id in k.act_reduce:
             _emit_activation_reduce(k, n, dst, tiles, rp)
-        elif n.op in _REDUCE:
+        elif n.op in REDUCE_OPS:
             acc_dt = DType.F32 if n.inputs[0].type.dtype.is_float else DType.I64
             acc = dst if dst.dtype == acc_dt else k.row_pool.tile(rp, (1,), acc_dt)
-            b.emit(isa.TensorReduce("dve", op=_REDUCE[n.op], dst=acc, src=srcs[0]))
+            b.emit(isa.TensorReduce("dve", op=REDUCE_OPS[n.op], dst=acc, src=srcs[0]))
             if acc is not dst:
                 b.emit(isa.TensorCopy("dve", dst=dst, src=acc))
         else:

@@ -35,7 +35,7 @@ from neuroncc.ir.graph import Node, Value
 from neuroncc.ir.ops import Kind, Op
 
 _ELEMENTWISE = (Kind.UNARY, Kind.BINARY, Kind.COMPARE, Kind.SELECT, Kind.CAST)
-_REDUCE = {Op.REDUCE_SUM: "sum", Op.REDUCE_MAX: "max", Op.REDUCE_MIN: "min"}
+REDUCE_OPS = {Op.REDUCE_SUM: "sum", Op.REDUCE_MAX: "max", Op.REDUCE_MIN: "min"}
 _BROADCAST_READERS = (Kind.BINARY, Kind.COMPARE, Kind.SELECT)
 # Share of an SBUF partition a fused kernel may take (the rest: other kernels' pools).
 SBUF_SHARE = 0.75
@@ -75,7 +75,7 @@ def _classify(shape: tuple[int, ...], full: tuple[int, ...], k: int) -> str | No
 
 def _signature(n: Node) -> tuple[tuple[int, ...], int] | None:
     """The (full shape, k) a group starting at n would take."""
-    if n.op in _REDUCE:
+    if n.op in REDUCE_OPS:
         shape = n.inputs[0].type.shape
         return shape, len(n.attr("axes"))
     shape = n.out.type.shape
@@ -83,7 +83,7 @@ def _signature(n: Node) -> tuple[tuple[int, ...], int] | None:
 
 
 def fusible(n: Node) -> bool:
-    return n.op.info.kind in _ELEMENTWISE or n.op in _REDUCE or n.op in _LAYOUT_FREE
+    return n.op.info.kind in _ELEMENTWISE or n.op in REDUCE_OPS or n.op in _LAYOUT_FREE
 
 
 # Inside a group these move no data: a reshape between shapes of the same class is the same
@@ -162,7 +162,7 @@ def plan(
             named = {"col": "bcast_col", "period": "bcast_period"}
             kind[n.out.id] = named.get(ins[0], "bcast")
             continue
-        if n.op in _REDUCE:
+        if n.op in REDUCE_OPS:
             if _AS.get(ins[0]) != "full" or n.inputs[0].type.shape != full:
                 return None
             if len(n.attr("axes")) != k or _classify(n.out.type.shape, full, k) != "row":
@@ -192,7 +192,7 @@ def epilogue_plan(mm: Node, nodes: Sequence[Node], target: Target) -> RowPlan | 
     leaves PSUM (Note [matmul epilogue] in emit_matmul.py), or None. Rows are the result's
     rows, columns its N; no reductions (a step sees a piece of a row). The group need not use
     the matmul result yet (a bias broadcast may come first): `uses_result` says."""
-    if any(n.op in _REDUCE for n in nodes):
+    if any(n.op in REDUCE_OPS for n in nodes):
         return None
     shape = mm.out.type.shape
     p = plan(nodes, target, (shape, 1)) if shape else None
@@ -316,5 +316,5 @@ def row_tiles_per_step(nodes: Sequence[Node], p: RowPlan) -> int:
     count = sum(1 for vid, c in p.kind.items() if c == "row" and vid not in defined)
     for n in nodes:
         if p.kind[n.out.id] == "row":
-            count += 2 if n.op in _REDUCE else 1
+            count += 2 if n.op in REDUCE_OPS else 1
     return count

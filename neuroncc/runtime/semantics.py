@@ -7,6 +7,7 @@ instruction must obey (tile limits, memory kinds, shapes) and raises SimulationE
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -87,18 +88,25 @@ def run_matmul(m: Memories, ins: isa.Matmul, t: Target) -> None:
         or dst.offset // t.psum_bank_bytes != (dst.offset + dst.free_bytes - 1) // t.psum_bank_bytes
     ):
         raise SimulationError(f"matmul result {dst} must lie in one PSUM bank")
-    a = m.tile(st).reshape(st.np, -1).astype(np.float32)
-    b = m.tile(mv).reshape(mv.np, -1).astype(np.float32)
+    a = m.tile(st).reshape(st.np, -1).astype(np.float32, copy=False)
+    b = m.tile(mv).reshape(mv.np, -1).astype(np.float32, copy=False)
     out = m.tile(dst)
     if ins.transpose:  # the exact transpose mode: data movement, no arithmetic
         if not t.pe_exact_transpose:
             raise SimulationError(f"{t.name} has no exact TensorE transpose mode")
-        if mv.shape != (st.np, st.np) or not np.array_equal(b, np.eye(st.np, dtype=np.float32)):
+        if mv.shape != (st.np, st.np) or not np.array_equal(b, _identity(st.np)):
             raise SimulationError("a transpose matmul multiplies by the identity")
         out[...] = a.T
         return
-    prod = a.T @ b
-    out[...] = out + prod if ins.accumulate else prod
+    if ins.accumulate:
+        out += a.T @ b
+    else:
+        np.matmul(a.T, b, out=out)
+
+
+@functools.cache
+def _identity(n: int) -> np.ndarray:
+    return np.eye(n, dtype=np.float32)
 
 
 def run_activation(m: Memories, ins: isa.Activation, t: Target) -> None:
