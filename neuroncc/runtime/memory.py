@@ -41,8 +41,17 @@ class Memories:
         self.sbuf = _on_chip((target.partitions, target.sbuf_partition_bytes))
         self.psum = _on_chip((target.partitions, target.psum_partition_bytes))
         self._buffers = {b.name: b for b in exe.buffers}
+        self._tiles: dict[isa.TileRef, np.ndarray] = {}
 
     def tile(self, ref: isa.TileRef) -> np.ndarray:
+        """The numpy view of a tile, checked once per distinct TileRef (a program names the
+        same tiles over and over)."""
+        view = self._tiles.get(ref)
+        if view is None:
+            view = self._tiles[ref] = self._tile(ref)
+        return view
+
+    def _tile(self, ref: isa.TileRef) -> np.ndarray:
         mem = {"sbuf": self.sbuf, "psum": self.psum}.get(ref.mem)
         if mem is None:
             raise SimulationError(f"unknown on-chip memory {ref.mem!r} in {ref}")
