@@ -36,7 +36,7 @@ from neuroncc.codegen.targets import Target
 from neuroncc.codegen.views import View, strided_view
 from neuroncc.ir.graph import Graph, Node, Value
 from neuroncc.ir.ops import Op
-from neuroncc.ir.types import DType, contiguous_strides
+from neuroncc.ir.types import DType
 
 SBUF_SHARE = 0.85  # of a partition, for the whole kernel
 SPAN = 6  # steps in flight: Qᵀ three steps ahead of the row group, P V two steps behind
@@ -243,10 +243,6 @@ def fold_operand_views(
     return views, skipped
 
 
-def _whole(v: Value) -> View:
-    return View(v, 0, v.type.shape, contiguous_strides(v.type.shape))
-
-
 def _operands(ap: AttentionPlan) -> tuple[Value, Value, Value]:
     return ap.scores.inputs[0], ap.scores.inputs[1], ap.out.inputs[1]
 
@@ -270,7 +266,7 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
     m, d, n, dv = ap.m, ap.d, ap.n, ap.dv
     nf = t.pe_moving_fmax
     out = ctx.alloc(ap.out.out)
-    qv, kv, vv = (ctx.views.get(x.id) or _whole(x) for x in _operands(ap))
+    qv, kv, vv = (ctx.views.get(x.id) or View.of(x) for x in _operands(ap))
     # Qᵀ already in HBM (a transpose folded into its matmul readers): load it as it is
     folded = ctx.transposed_view.get(q.id) if q.id not in ctx.views else None
     inside = frozenset({ap.scores.out.id, ap.out.out.id, *ap.s_ids, *ap.p_chain})

@@ -260,7 +260,7 @@ def _emit_zero_or_simple(
                 b.dma(rect(out, odt, o_off + m0 * nn + n0, nn, mt, nt), ot)
 
 
-def emit_transpose_last2(ctx: EmitCtx, n: Node) -> bool:
+def emit_transpose_on_pe(ctx: EmitCtx, n: Node) -> bool:
     """TRANSPOSE on TensorE, 128x128 pieces at a time (_transpose_blocks), for permutations
     that put the input's last axis second-to-last in the output (the last two axes swapped,
     or a head split [b, s, h, d] -> [b, h, d, s]): each output matrix is then the transpose

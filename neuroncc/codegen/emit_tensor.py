@@ -6,7 +6,7 @@ import math
 
 from neuroncc.codegen import isa
 from neuroncc.codegen.emit import TILE_BYTES, EmitCtx, P, rect, register, tiles_2d
-from neuroncc.codegen.emit_matmul import emit_transpose_last2
+from neuroncc.codegen.emit_matmul import emit_transpose_on_pe
 from neuroncc.errors import CodegenError
 from neuroncc.ir.graph import Node, Value
 from neuroncc.ir.ops import Op
@@ -119,7 +119,7 @@ def emit_reshape(ctx: EmitCtx, n: Node) -> None:
 
 @register(Op.TRANSPOSE)
 def emit_transpose(ctx: EmitCtx, n: Node) -> None:
-    if emit_transpose_last2(ctx, n):  # on TensorE
+    if emit_transpose_on_pe(ctx, n):  # on TensorE
         return
     x = n.inputs[0]
     perm = n.attr("perm")

@@ -30,6 +30,11 @@ class View:
     shape: tuple[int, ...]
     strides: tuple[int, ...]
 
+    @staticmethod
+    def of(v: Value) -> View:
+        """v read as it is: its own buffer, row-major."""
+        return View(v, 0, v.type.shape, contiguous_strides(v.type.shape))
+
     def batch_offset(self, bi: int) -> int:
         """Offset of matrix bi, counting the leading (all but the last two) axes row-major."""
         off = self.offset
@@ -50,11 +55,11 @@ def strided_view(
     through, v first."""
     node = producers.get(v.id)
     if node is None or node.op not in VIEW_OPS or v.type.numel == 0 or v.id in opaque:
-        return View(v, 0, v.type.shape, contiguous_strides(v.type.shape)), []
+        return View.of(v), []
     inner, walked = strided_view(node.inputs[0], producers, opaque)
     view = _apply(node, inner)
     if view is None:
-        return View(v, 0, v.type.shape, contiguous_strides(v.type.shape)), []
+        return View.of(v), []
     return view, [v.id, *walked]
 
 
