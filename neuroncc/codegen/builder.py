@@ -8,7 +8,9 @@ Invariants it maintains:
   write-after-write hazard with an earlier instruction on another engine (Note [dependencies]);
 - SBUF/PSUM tiles are 64-byte aligned regions inside the target's capacity; tiles of a kernel are
   freed when the kernel closes, so later kernels reuse the space (the tracker orders the reuse);
-- HBM buffers never overlap and fit the target's HBM.
+- HBM buffers fit the target's HBM and overlap only inside the plan pass's arena, where the
+  pass gave values with disjoint lifetimes the same bytes; dependencies are tracked by byte
+  address, so reusing bytes orders the new writer after the old value's readers.
 
 Note [dependencies]: the tracker keeps, per memory (SBUF, PSUM, each HBM buffer), the accesses
 not yet superseded, each with a conservative bounding box (partitions x bytes, or an element span
@@ -22,6 +24,7 @@ a read covered by a later read on the same engine: engines run in order.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
@@ -37,11 +40,14 @@ ALIGN = 64
 Box = tuple[int, int, int, int]  # p0, p1, b0, b1 (HBM: 0, 1, element lo, element hi)
 
 
-def region(ref: isa.Operand) -> tuple[str, Box]:
+def region(ref: isa.Operand, buffers: dict[str, Buffer]) -> tuple[str, Box]:
+    """The memory an operand touches and its bounding box there; HBM by byte address, since
+    temporaries the plan pass placed share addresses."""
     if isinstance(ref, isa.TileRef):
         return ref.mem, (ref.p0, ref.p0 + ref.np, ref.offset, ref.offset + ref.free_bytes)
     lo, hi = ref.span()
-    return "hbm:" + ref.buffer, (0, 1, lo, hi)
+    base, size = buffers[ref.buffer].offset, ref.dtype.itemsize
+    return "hbm", (0, 1, base + lo * size, base + hi * size)
 
 
 def overlaps(a: Box, b: Box) -> bool:
@@ -61,13 +67,14 @@ class _Access:
 
 
 class DepTracker:
-    def __init__(self) -> None:
+    def __init__(self, buffers: dict[str, Buffer]) -> None:
+        self._buffers = buffers  # the builder's HBM buffers, by name
         self._live: dict[str, IntervalIndex[_Access]] = {}
 
     def deps(self, ins: isa.Instr) -> tuple[int, ...]:
         latest: dict[str, int] = {}
         for ref, write in _accesses(ins):
-            mem, box = region(ref)
+            mem, box = region(ref, self._buffers)
             live = self._live.get(mem)
             if live is None:
                 continue
@@ -78,7 +85,7 @@ class DepTracker:
 
     def record(self, ins_id: int, ins: isa.Instr) -> None:
         for ref, write in _accesses(ins):
-            mem, box = region(ref)
+            mem, box = region(ref, self._buffers)
             live = self._live.setdefault(mem, IntervalIndex())
             if write:
                 live.remove_where(box[2], box[3], lambda a, box=box: covers(box, a.box))
@@ -142,26 +149,58 @@ class ProgramBuilder:
         self.kernels: list[Kernel] = []
         self.buffers: dict[str, Buffer] = {}
         self._hbm_top = 0
-        self._tracker = DepTracker()
+        self._arena: tuple[int, int] | None = None  # (offset, bytes) of the plan's arena
+        self._tracker = DepTracker(self.buffers)
         self._sbuf = _Stack("sbuf", target.sbuf_partition_bytes, ALIGN)
         self._psum = _Stack("psum", target.psum_partition_bytes, target.psum_bank_bytes)
         self._queue = 0
 
     # -- HBM -------------------------------------------------------------------------------
-    def dram(self, name: str, shape: Sequence[int], dtype: DType, kind: str = "temp") -> Buffer:
+    def dram(
+        self,
+        name: str,
+        shape: Sequence[int],
+        dtype: DType,
+        kind: str = "temp",
+        at: int | None = None,
+    ) -> Buffer:
+        """An HBM buffer: after the others, or at byte `at` of the arena (`arena`)."""
         if name in self.buffers:
             raise CodegenError(f"HBM buffer {name!r} declared twice")
-        offset = -(-self._hbm_top // ALIGN) * ALIGN
+        if at is None:
+            offset = self._reserve(name, math.prod(shape) * dtype.itemsize)
+        else:
+            offset = self._in_arena(name, at, math.prod(shape) * dtype.itemsize)
         buf = Buffer(name, kind, offset, dtype, tuple(shape))
-        self._hbm_top = offset + buf.nbytes
+        self.buffers[name] = buf
+        return buf
+
+    def arena(self, nbytes: int, detail: str = "") -> None:
+        """Reserve the region where the plan pass placed the temporaries (Note [hbm plan] in
+        passes/plan.py): buffers declared `at` an offset share it where lifetimes allow."""
+        if self._arena is not None:
+            raise CodegenError("the HBM arena is reserved once")
+        self._arena = (self._reserve("the temporaries' arena", nbytes, detail), nbytes)
+
+    def _reserve(self, what: str, nbytes: int, detail: str = "") -> int:
+        offset = -(-self._hbm_top // ALIGN) * ALIGN
+        self._hbm_top = offset + nbytes
         if self._hbm_top > self.target.hbm_bytes:
             raise CapacityError(
                 f"tensors do not fit in HBM: {self._hbm_top / 2**30:.2f} GiB needed "
-                f"(buffer {name!r}: {buf.nbytes / 2**30:.2f} GiB), "
+                f"({what}: {nbytes / 2**30:.2f} GiB{detail}), "
                 f"{self.target.name} has {self.target.hbm_bytes / 2**30:.0f} GiB per NeuronCore"
             )
-        self.buffers[name] = buf
-        return buf
+        return offset
+
+    def _in_arena(self, name: str, at: int, nbytes: int) -> int:
+        base, size = self._arena or (0, 0)
+        if at % ALIGN or at + nbytes > size:
+            raise CodegenError(
+                f"HBM buffer {name!r} at arena byte {at} ({nbytes} bytes) does not fit the "
+                f"{size}-byte arena at {ALIGN}-byte alignment"
+            )
+        return base + at
 
     # -- on-chip memory ----------------------------------------------------------------------
     def sbuf_pool(self, slot_bytes: int, bufs: int = 2) -> TilePool:

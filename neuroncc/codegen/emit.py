@@ -1,7 +1,8 @@
 """Emitters: IR graph -> Executable, one kernel per IR node (opt_level 0 code shape).
 
 Every value lives in its own HBM buffer (a reshape aliases its input's buffer: row-major data
-does not move). A kernel loads its inputs tile by tile into SBUF, computes on the engines and
+does not move), or, where the plan pass placed it, at its offset in the arena that temporaries
+with disjoint lifetimes share. A kernel loads its inputs tile by tile into SBUF, computes on the engines and
 stores the result. Tiles respect the hardware limits (Note [tile limits]).
 
 Note [tile limits]: dimension 0 of a tile is the partition dimension (<= 128). Elementwise and
@@ -21,6 +22,7 @@ from neuroncc.codegen import isa
 from neuroncc.codegen.builder import ProgramBuilder
 from neuroncc.codegen.program import ValueLoc
 from neuroncc.codegen.targets import Target
+from neuroncc.errors import CodegenError
 from neuroncc.ir.graph import Graph, Node, Value
 from neuroncc.ir.ops import Kind, Op
 from neuroncc.ir.types import DType
@@ -42,6 +44,10 @@ class EmitCtx:
             self.loc[v.id] = ValueLoc(f"in{i}", v.type.shape, v.type.dtype)
         self._output_ids = outputs
         self.users = graph.users()
+        arena, largest = arena_bytes(graph)
+        if arena:
+            v = largest.out
+            self.b.arena(arena, f", its largest value {v}: {v.type.nbytes / 2**30:.2f} GiB")
         # Transposes folded into the matmul that reads them (emit_matmul): value id -> the
         # buffer holding the untransposed data.
         self.transposed_view: dict[int, str] = {}
@@ -50,14 +56,28 @@ class EmitCtx:
         self.views: dict = {}
 
     def alloc(self, v: Value) -> str:
+        """v's HBM buffer: where the plan pass placed it (the arena), else after the others."""
         name = f"v{v.id}"
         kind = "output" if v.id in self._output_ids else "temp"
-        self.b.dram(name, v.type.shape, v.type.dtype, kind)
+        at = self.graph.choice(v.id, "hbm")
+        if at is not None and kind == "output":
+            raise CodegenError(f"{v} is a graph output: it has a buffer of its own, not hbm={at}")
+        self.b.dram(name, v.type.shape, v.type.dtype, kind, at=at)
         self.loc[v.id] = ValueLoc(name, v.type.shape, v.type.dtype)
         return name
 
     def buf(self, v: Value) -> str:
         return self.loc[v.id].buffer
+
+
+def arena_bytes(g: Graph) -> tuple[int, Node | None]:
+    """The size of the arena the plan pass's `hbm` choices place values in, and its largest
+    value."""
+    placed = [(n, g.choice(n.out.id, "hbm")) for n in g.nodes]
+    placed = [(n, at) for n, at in placed if at is not None]
+    size = max((at + n.out.type.nbytes for n, at in placed), default=0)
+    largest = max(placed, key=lambda p: p[0].out.type.nbytes, default=(None, 0))[0]
+    return size, largest
 
 
 Emitter = Callable[[EmitCtx, Node], None]

@@ -24,7 +24,7 @@ A^T budget; where blocking then fails, the epilogue runs as its own kernel after
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 
 from neuroncc.codegen import isa
@@ -34,9 +34,10 @@ from neuroncc.codegen.emit_fused import RowKernel, emit_fused
 from neuroncc.codegen.row_plan import epilogue_plan, epilogue_sbuf_bytes
 from neuroncc.codegen.targets import Target
 from neuroncc.codegen.views import View
-from neuroncc.ir.graph import Node
+from neuroncc.errors import CodegenError
+from neuroncc.ir.graph import Node, Value
 from neuroncc.ir.ops import Op
-from neuroncc.ir.types import DType, contiguous_strides
+from neuroncc.ir.types import DType, TensorType, contiguous_strides
 
 PSUM_TRANSPOSE_BANKS = 1  # banks left for transposes; the rest accumulate matmul outputs
 SBUF_SHARE = 0.7  # of a partition, for A^T of one M block
@@ -90,9 +91,9 @@ class Blocking:
 def choose_blocking(
     m: int, k: int, n: int, dtype: DType, t: Target, transposes: bool, reserve: int = 0
 ) -> Blocking | None:
-    """`reserve`: SBUF bytes per partition an epilogue needs beside the blocks."""
-    banks = t.psum_partition_bytes // t.psum_bank_bytes
-    banks -= PSUM_TRANSPOSE_BANKS if transposes else 0
+    """The largest blocks that fit (Note [matmul blocking]), or None where even one M tile of
+    A^T does not. `reserve`: SBUF bytes per partition an epilogue needs beside the blocks."""
+    banks = _accumulator_banks(t, transposes)
     m_tiles, n_tiles = math.ceil(m / P), math.ceil(n / t.pe_moving_fmax)
     at_bytes_per_tile = math.ceil(k / P) * P * dtype.itemsize  # A^T of one M tile
     fits = int((SBUF_SHARE * t.sbuf_partition_bytes - reserve) // max(at_bytes_per_tile, 1))
@@ -100,6 +101,39 @@ def choose_blocking(
     if tm < 1:
         return None
     return Blocking(tm, max(1, min(n_tiles, banks // tm)))
+
+
+def largest_blocking(
+    n: Node, epilogue: Sequence[Node], a_transposed: bool, t: Target
+) -> Blocking | None:
+    """choose_blocking for the matmul n with its fused `epilogue`; `a_transposed`: A^T is in
+    HBM already (a folded transpose), so no PSUM bank goes to transposing A."""
+    *_, m, k = n.inputs[0].type.shape
+    nn = n.inputs[1].type.shape[-1]
+    if not (m and k and nn):
+        return None
+    epi_plan = epilogue_plan(n, epilogue, t) if epilogue else None
+    reserve = epilogue_sbuf_bytes(epilogue, epi_plan, t.pe_moving_fmax, t) if epi_plan else 0
+    on_pe = not a_transposed and t.pe_exact_transpose
+    return choose_blocking(m, k, nn, n.inputs[0].type.dtype, t, on_pe, reserve)
+
+
+def _accumulator_banks(t: Target, transposes: bool) -> int:
+    banks = t.psum_partition_bytes // t.psum_bank_bytes
+    return banks - (PSUM_TRANSPOSE_BANKS if transposes else 0)
+
+
+def _blocking(ctx: EmitCtx, n: Node, largest: Blocking | None, transposes: bool) -> Blocking | None:
+    """The tile pass's blocks for n (passes/tile.py), checked against what fits; without the
+    pass, one tile at a time."""
+    chosen = ctx.graph.choice(n.out.id, "tile")
+    if chosen is None:
+        return largest and Blocking(1, 1)
+    tm, tn = chosen
+    if largest is None or tm > largest.tm or tm * tn > _accumulator_banks(ctx.target, transposes):
+        most = f"at most {largest.tm}x{largest.tn}" if largest else "no blocking fits"
+        raise CodegenError(f"tile={list(chosen)} does not fit SBUF/PSUM: {most}")
+    return Blocking(tm, tn)
 
 
 @register(Op.MATMUL)
@@ -116,9 +150,8 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
     b_buf = ctx.buf(b_v)
     nf = t.pe_moving_fmax
     epi_plan = epilogue_plan(n, epilogue, t) if epilogue else None
-    reserve = epilogue_sbuf_bytes(epilogue, epi_plan, nf, t) if epi_plan else 0
     on_pe = folded is None and t.pe_exact_transpose
-    blocking = choose_blocking(m, k, nn, dt, t, on_pe, reserve) if k and m and nn else None
+    blocking = _blocking(ctx, n, largest_blocking(n, epilogue, folded is not None, t), on_pe)
     if blocking is None:  # the epilogue, if any, as a kernel of its own after the matmul
         out = ctx.alloc(n.out)
         if m and nn:
@@ -260,37 +293,63 @@ def _emit_zero_or_simple(
                 b.dma(rect(out, odt, o_off + m0 * nn + n0, nn, mt, nt), ot)
 
 
-def emit_transpose_on_pe(ctx: EmitCtx, n: Node) -> bool:
-    """TRANSPOSE on TensorE, 128x128 pieces at a time (_transpose_blocks), for permutations
-    that put the input's last axis second-to-last in the output (the last two axes swapped,
-    or a head split [b, s, h, d] -> [b, h, d, s]): each output matrix is then the transpose
-    of a matrix of the input with contiguous rows. Returns False where this does not apply
-    (other permutations, integer data)."""
-    x = n.inputs[0]
-    shape, perm = _squeezed(x.type.shape, tuple(n.attr("perm")))
-    rank, dt = len(shape), x.type.dtype
-    if rank < 2 or perm[-2] != rank - 1 or perm[-1] == rank - 1 or not dt.is_float:
-        return False
-    users = ctx.users[n.out.id]
-    only_left_operand = all(
-        u.op == Op.MATMUL and u.inputs[0].id == n.out.id != u.inputs[1].id for u in users
+def pe_transposable(x: TensorType, perm: tuple[int, ...], t: Target) -> bool:
+    """Whether TRANSPOSE can run on TensorE (_transpose_blocks): float data on a target with
+    exact PE transposes, and a permutation that puts the input's last axis second-to-last
+    (the last two axes swapped, or a head split [b, s, h, d] -> [b, h, d, s]), so each output
+    matrix is the transpose of an input matrix with contiguous rows."""
+    shape, perm = _squeezed(x.shape, perm)
+    rank = len(shape)
+    return (
+        t.pe_exact_transpose
+        and x.dtype.is_float
+        and rank >= 2
+        and perm[-2] == rank - 1
+        and perm[-1] != rank - 1
     )
-    last2 = tuple(n.attr("perm")) == (*range(x.type.rank - 2), x.type.rank - 1, x.type.rank - 2)
-    if last2 and users and only_left_operand and n.out.id not in ctx._output_ids:
-        ctx.transposed_view[n.out.id] = ctx.buf(x)  # the matmuls read A^T from x itself
-        return True
-    if not ctx.target.pe_exact_transpose:
-        return False
+
+
+def foldable(n: Node, users: Sequence[Node], outputs: Container[int]) -> bool:
+    """Whether a TRANSPOSE can be left to the matmuls that read it: it swaps the last two
+    axes and only matmuls read it, as their left operand, which they need as A^T anyway."""
+    rank = n.out.type.rank
+    last2 = tuple(n.attr("perm")) == (*range(rank - 2), rank - 1, rank - 2)
+    return (
+        last2
+        and bool(users)
+        and n.out.id not in outputs
+        and all(u.op is Op.MATMUL and u.inputs[0].id == n.out.id != u.inputs[1].id for u in users)
+    )
+
+
+def emit_transpose_folded(ctx: EmitCtx, n: Node) -> None:
+    """layout=fold: no kernel; the matmuls that read n load A^T straight from n's input."""
+    if not foldable(n, ctx.users[n.out.id], ctx._output_ids):
+        raise CodegenError("layout=fold needs a last-two-axes transpose read only by matmuls")
+    ctx.transposed_view[n.out.id] = ctx.buf(n.inputs[0])
+
+
+def emit_transpose_on_pe(ctx: EmitCtx, n: Node) -> None:
+    """layout=pe: TRANSPOSE on TensorE, 128x128 pieces at a time (_transpose_blocks)."""
+    x = n.inputs[0]
+    if not pe_transposable(x.type, tuple(n.attr("perm")), ctx.target):
+        raise CodegenError(
+            "layout=pe needs float data, a target with exact PE transposes and a permutation "
+            "that puts the input's last axis second-to-last"
+        )
     out = ctx.alloc(n.out)
-    if n.out.type.numel == 0:
-        return True
-    # The matrices whose transposes the output's matrices are, as a view of x.
+    if n.out.type.numel:
+        _transpose_blocks(ctx, pe_source(x, tuple(n.attr("perm"))), out, x.type.dtype)
+
+
+def pe_source(x: Value, perm: tuple[int, ...]) -> View:
+    """The matrices of x whose transposes the output's matrices are, as a view of x: their
+    rows are contiguous runs of x (pe_transposable)."""
+    shape, perm = _squeezed(x.type.shape, perm)
     xs = contiguous_strides(shape)
     *lead, r, c = (shape[p] for p in perm)
     strides = (*(xs[p] for p in perm[:-2]), xs[perm[-1]], 1)
-    source = View(x, 0, (*lead, c, r), strides)
-    _transpose_blocks(ctx, source, out, dt)
-    return True
+    return View(x, 0, (*lead, c, r), strides)
 
 
 def _squeezed(shape: tuple[int, ...], perm: tuple[int, ...]) -> tuple[tuple, tuple]:

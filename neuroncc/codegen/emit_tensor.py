@@ -6,7 +6,11 @@ import math
 
 from neuroncc.codegen import isa
 from neuroncc.codegen.emit import TILE_BYTES, EmitCtx, P, rect, register, tiles_2d
-from neuroncc.codegen.emit_matmul import emit_transpose_on_pe
+from neuroncc.codegen.emit_matmul import (
+    emit_transpose_folded,
+    emit_transpose_on_pe,
+    pe_transposable,
+)
 from neuroncc.errors import CodegenError
 from neuroncc.ir.graph import Node, Value
 from neuroncc.ir.ops import Op
@@ -119,8 +123,22 @@ def emit_reshape(ctx: EmitCtx, n: Node) -> None:
 
 @register(Op.TRANSPOSE)
 def emit_transpose(ctx: EmitCtx, n: Node) -> None:
-    if emit_transpose_on_pe(ctx, n):  # on TensorE
-        return
+    """Where the layout pass said (passes/layout.py); without it, on TensorE where possible,
+    else as a strided DMA."""
+    layout = ctx.graph.choice(n.out.id, "layout")
+    if layout is None:
+        perm = tuple(n.attr("perm"))
+        layout = "pe" if pe_transposable(n.inputs[0].type, perm, ctx.target) else "dma"
+    if layout == "fold":
+        emit_transpose_folded(ctx, n)
+    elif layout == "pe":
+        emit_transpose_on_pe(ctx, n)
+    else:
+        emit_transpose_dma(ctx, n)
+
+
+def emit_transpose_dma(ctx: EmitCtx, n: Node) -> None:
+    """layout=dma: one HBM -> HBM copy with the permuted access pattern."""
     x = n.inputs[0]
     perm = n.attr("perm")
     in_strides = contiguous_strides(x.type.shape)

@@ -31,7 +31,6 @@ from typing import Any
 from neuroncc.codegen.targets import get_target
 from neuroncc.frontend import report
 from neuroncc.frontend.dump_read import (
-    NOT_A_PASS_YET,
     STAGES,
     DumpError,
     GraphDump,
@@ -96,11 +95,6 @@ def _pick_stages(g: GraphDump, wanted: list[str] | None) -> list[str]:
     for s in wanted:
         if s not in STAGES:
             raise DumpError(f"unknown stage {s!r}; stages: {', '.join(STAGES)}")
-        if s in NOT_A_PASS_YET:
-            raise DumpError(
-                f"stage {s!r} is not a pass of its own in this neuroncc: the emitters choose "
-                "layouts, tiles, buffers and the order of instructions (see --stage program)"
-            )
         if s not in g.stages:
             raise DumpError(f"graph {g.name} has no stage {s!r}; it has: {', '.join(g.stages)}")
     return wanted

@@ -8,6 +8,9 @@ Invariants:
 - `kernels` (set by the fuse pass) groups nodes into fused kernels: each group lists the output
   ids of consecutive nodes, groups are disjoint. Grouping never changes what the graph computes,
   only how codegen emits it: one kernel per group, its internal values kept on chip.
+- `choices` (set by the layout, tile and plan passes) records, per node, how codegen is to emit
+  it: keys from CHOICES, at most one value per key. Like kernels, choices never change what the
+  graph computes; a graph without them (opt_level 0) gets codegen's plain defaults.
 
 Graphs are never edited in place: passes build new graphs with a GraphBuilder.
 """
@@ -15,13 +18,24 @@ Graphs are never edited in place: passes build new graphs with a GraphBuilder.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 from neuroncc.ir.ops import Op
 from neuroncc.ir.types import DType, TensorType
 
 AttrValue = int | float | bool | str | DType | tuple[int, ...]
+
+# The choices a pass may record for codegen: key -> (attribute kind, the op it applies to).
+# (None: any op).
+CHOICES: dict[str, tuple[str, Op | None]] = {
+    "layout": ("name", Op.TRANSPOSE),  # fold | pe | dma (passes/layout.py)
+    "tile": ("ints", Op.MATMUL),  # [TM, TN] 128-row and 512-column tiles per block (tile.py)
+    "hbm": ("int", None),  # byte offset in the temporaries' arena (passes/plan.py)
+}
+LAYOUTS = ("fold", "pe", "dma")
+Choices = tuple[tuple[int, tuple[tuple[str, AttrValue], ...]], ...]
 
 
 @dataclass(frozen=True)
@@ -58,6 +72,15 @@ class Graph:
     nodes: tuple[Node, ...]
     outputs: tuple[Value, ...]
     kernels: tuple[tuple[int, ...], ...] = ()
+    choices: Choices = ()  # (value id, ((key, value), ...)), sorted by id and key
+
+    def choice(self, vid: int, key: str) -> Any:
+        """The choice recorded for node `vid` under `key`, or None."""
+        return self._choice_table.get((vid, key))
+
+    @cached_property
+    def _choice_table(self) -> dict[tuple[int, str], AttrValue]:
+        return {(v, k): x for v, kv in self.choices for k, x in kv}
 
     def kernel_of(self) -> dict[int, int]:
         """Node output id -> index of its fused kernel (nodes in no kernel are absent)."""
@@ -145,6 +168,16 @@ class GraphBuilder:
 
     def build(self, outputs: Sequence[Value]) -> Graph:
         return Graph(self.name, tuple(self._inputs), tuple(self._nodes), tuple(outputs))
+
+
+def with_choices(g: Graph, key: str, made: Mapping[int, AttrValue]) -> Graph:
+    """g with choice `key` set for the nodes in `made` (value id -> value), others kept."""
+    kind = CHOICES[key][0]
+    table = {v: dict(kv) for v, kv in g.choices}
+    for vid, value in made.items():
+        table.setdefault(vid, {})[key] = normalize_attr(kind, value)
+    choices = tuple((v, tuple(sorted(table[v].items()))) for v in sorted(table))
+    return replace(g, choices=choices)
 
 
 def rebuild(g: Graph, nodes: Iterable[Node], outputs: Sequence[Value]) -> Graph:

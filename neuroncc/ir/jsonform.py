@@ -1,10 +1,10 @@
 """Graph <-> JSON-able data: the tensor IR for tools that do not parse text (neuroncc-dump
---format json). `graph_from_json(graph_to_json(g)) == g`, fused kernels included; loading
+--format json). `graph_from_json(graph_to_json(g)) == g`, fused kernels and choices included; loading
 re-types every node with its shape rule and verifies the graph, as the text parser does.
 
     {"name": "main", "inputs": [{"id": 0, "type": "f32[4,8]"}],
      "nodes": [{"out": 2, "op": "add", "inputs": [0, 1], "attrs": {}, "type": "f32[4,8]"}],
-     "outputs": [2], "kernels": [[2, 3]]}
+     "outputs": [2], "kernels": [[2, 3]], "choices": [[2, {"hbm": 0}]]}
 
 Attributes are JSON values by kind: dtype names, int lists, ints, names; scalars are numbers,
 or the strings "inf", "-inf", "nan" (JSON has no such numbers).
@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from neuroncc.ir.graph import Graph, Node, Value, make_attrs
+from neuroncc.ir.graph import CHOICES, Graph, Node, Value, make_attrs, normalize_attr
 from neuroncc.ir.ops import BY_NAME
 from neuroncc.ir.parser import parse_type
 from neuroncc.ir.types import DType
@@ -56,6 +56,7 @@ def graph_to_json(g: Graph) -> dict[str, Any]:
         ],
         "outputs": [v.id for v in g.outputs],
         "kernels": [list(k) for k in g.kernels],
+        "choices": [[vid, {k: _attr_to_json(v) for k, v in kv}] for vid, kv in g.choices],
     }
 
 
@@ -81,6 +82,10 @@ def graph_from_json(data: dict[str, Any]) -> Graph:
             nodes=tuple(nodes),
             outputs=tuple(values[i] for i in data["outputs"]),
             kernels=tuple(tuple(k) for k in data.get("kernels", ())),
+            choices=tuple(
+                (vid, tuple(sorted((k, normalize_attr(CHOICES[k][0], v)) for k, v in kv.items())))
+                for vid, kv in data.get("choices", ())
+            ),
         )
     except (KeyError, TypeError) as e:
         raise ValueError(f"not a neuroncc graph: {type(e).__name__}: {e}") from None

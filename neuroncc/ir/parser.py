@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import re
 
-from neuroncc.ir.graph import AttrValue, Graph, Node, Value, make_attrs
+from neuroncc.ir.graph import CHOICES, AttrValue, Graph, Node, Value, make_attrs, normalize_attr
 from neuroncc.ir.ops import BY_NAME
 from neuroncc.ir.types import DType, TensorType
 
 _HEADER = re.compile(r"^graph @([\w.\-]+)\((.*)\) \{$")
-_NODE = re.compile(r"^%(\d+) = (\w+)(?: ([^{:]*?))?(?: \{(.*)\})? : (\S+)$")
+_NODE = re.compile(r"^%(\d+) = (\w+)(?: ([^{:]*?))?(?: \{(.*)\})? : (\S+)(?: \[(.*)\])?$")
 _TYPE = re.compile(r"^(\w+)\[([\d,]*)\]$")
 
 
@@ -84,6 +84,7 @@ def parse(text: str) -> Graph:
         env[v.id] = v
         inputs.append(v)
     nodes, outputs, kernels = [], None, []
+    choices: dict[int, tuple[tuple[str, AttrValue], ...]] = {}
     group: list[int] | None = None
     for lineno, line in enumerate(lines[1:], start=2):
         if line == "fuse {":
@@ -103,14 +104,18 @@ def parse(text: str) -> Graph:
             names = line[len("return") :].split(",")
             outputs = [_lookup(env, n, lineno) for n in names if n.strip()]
             continue
-        nodes.append(_parse_node(line, env, lineno))
+        node, chosen = _parse_node(line, env, lineno)
+        nodes.append(node)
+        if chosen:
+            choices[node.out.id] = chosen
         if group is not None:
             group.append(nodes[-1].out.id)
     if group is not None:
         raise ParseError("a fuse block is not closed")
     if outputs is None:
         raise ParseError("graph has no return line")
-    return Graph(m.group(1), tuple(inputs), tuple(nodes), tuple(outputs), tuple(kernels))
+    chosen = tuple(sorted(choices.items()))
+    return Graph(m.group(1), tuple(inputs), tuple(nodes), tuple(outputs), tuple(kernels), chosen)
 
 
 def _lookup(env: dict[int, Value], name: str, lineno: int) -> Value:
@@ -123,11 +128,14 @@ def _lookup(env: dict[int, Value], name: str, lineno: int) -> Value:
     return env[vid]
 
 
-def _parse_node(line: str, env: dict[int, Value], lineno: int) -> Node:
+def _parse_node(
+    line: str, env: dict[int, Value], lineno: int
+) -> tuple[Node, tuple[tuple[str, AttrValue], ...]]:
+    """The node on the line and the choices written after its type."""
     m = _NODE.match(line)
     if not m:
         raise ParseError(f"line {lineno}: cannot parse {line!r}")
-    vid, opname, args, attr_text, ty = m.groups()
+    vid, opname, args, attr_text, ty, choice_text = m.groups()
     if opname not in BY_NAME:
         raise ParseError(f"line {lineno}: unknown op {opname!r}")
     op = BY_NAME[opname]
@@ -144,4 +152,16 @@ def _parse_node(line: str, env: dict[int, Value], lineno: int) -> Node:
         raise ParseError(f"line {lineno}: %{vid} is defined twice")
     out = Value(int(vid), written)
     env[out.id] = out
-    return Node(op, inputs, attrs, out)
+    return Node(op, inputs, attrs, out), _parse_choices(choice_text, lineno)
+
+
+def _parse_choices(text: str | None, lineno: int) -> tuple[tuple[str, AttrValue], ...]:
+    kinds = {k: kind for k, (kind, _) in CHOICES.items()}
+    raw = _parse_attrs(text, kinds)
+    unknown = set(raw) - set(kinds)
+    if unknown:
+        raise ParseError(f"line {lineno}: unknown choice {sorted(unknown)}; known: {sorted(kinds)}")
+    try:
+        return tuple(sorted((k, normalize_attr(kinds[k], v)) for k, v in raw.items()))
+    except TypeError as e:
+        raise ParseError(f"line {lineno}: {e}") from None

@@ -6,7 +6,10 @@
       return %3
     }
 
-Nodes the fuse pass grouped into one kernel are printed inside a `fuse {` ... `}` block.
+Nodes the fuse pass grouped into one kernel are printed inside a `fuse {` ... `}` block; the
+choices later passes made for a node follow its type in brackets:
+
+      %5 = transpose %4 {perm=[1,0]} : f32[8,4] [layout=pe, hbm=4096]
 
 The text is canonical: equal graphs print equally, so it also serves as the cache key and the
 golden-file format. `parser.parse` reads it back: parse(print_graph(g)) == g.
@@ -43,6 +46,7 @@ def print_graph(g: Graph) -> str:
     params = ", ".join(f"{v}: {v.type}" for v in g.inputs)
     lines = [f"graph @{g.name}({params}) {{"]
     kernel_of = g.kernel_of()
+    chosen = dict(g.choices)
     current = None
     for n in g.nodes:
         k = kernel_of.get(n.out.id)
@@ -51,7 +55,10 @@ def print_graph(g: Graph) -> str:
         if k != current and k is not None:
             lines.append("  fuse {")
         current = k
-        lines.append(("    " if k is not None else "  ") + format_node(n))
+        line = ("    " if k is not None else "  ") + format_node(n)
+        if n.out.id in chosen:
+            line += " [" + ", ".join(f"{k}={format_attr(v)}" for k, v in chosen[n.out.id]) + "]"
+        lines.append(line)
     if current is not None:
         lines.append("  }")
     lines.append("  return " + ", ".join(str(v) for v in g.outputs))

@@ -2,13 +2,13 @@
 
 Checked: every value defined once and before use; arity; the attribute schema; every node's
 recorded type equals its shape rule's result; outputs are defined; fused kernels are disjoint
-runs of consecutive nodes. An error names the node and
+runs of consecutive nodes; choices name nodes and fit their ops. An error names the node and
 prints the lines of the graph around it, so it can be read without a debugger.
 """
 
 from __future__ import annotations
 
-from neuroncc.ir.graph import Graph, Node, make_attrs
+from neuroncc.ir.graph import CHOICES, LAYOUTS, Graph, Node, make_attrs
 from neuroncc.ir.printer import format_node
 from neuroncc.ir.types import TensorType
 
@@ -68,7 +68,37 @@ def verify(g: Graph) -> Graph:
         if v.id not in defined:
             raise VerifyError(f"verify: output {v} is not defined", g, None)
     _check_kernels(g)
+    _check_choices(g)
     return g
+
+
+def _check_choices(g: Graph) -> None:
+    """Choices name nodes, use known keys, and fit the node's op (graph.CHOICES)."""
+    position = {n.out.id: i for i, n in enumerate(g.nodes)}
+    for vid, kv in g.choices:
+        i = position.get(vid)
+        if i is None:
+            raise VerifyError(f"verify: choices name %{vid}, which is not a node", g, None)
+        n = g.nodes[i]
+        for key, value in kv:
+            problem = _choice_problem(n, key, value)
+            if problem:
+                raise VerifyError(f"verify: node {i} ({n.out}): choice {key}: {problem}", g, i)
+
+
+def _choice_problem(n: Node, key: str, value: object) -> str | None:
+    if key not in CHOICES:
+        return f"unknown; known: {', '.join(CHOICES)}"
+    op = CHOICES[key][1]
+    if op is not None and n.op is not op:
+        return f"applies to {op.value} only"
+    if key == "layout" and value not in LAYOUTS:
+        return f"{value!r} is not one of {', '.join(LAYOUTS)}"
+    if key == "tile" and not (isinstance(value, tuple) and len(value) == 2 and min(value) >= 1):
+        return f"{value!r} is not [TM, TN] with TM, TN >= 1"
+    if key == "hbm" and not (isinstance(value, int) and value >= 0):
+        return f"{value!r} is not a byte offset"
+    return None
 
 
 def _check_kernels(g: Graph) -> None:

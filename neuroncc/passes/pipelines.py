@@ -1,16 +1,19 @@
 """The default pipelines, one short list per opt_level. Pass names are also dump stage names.
 
-Stages that design.md names but this version does not have as passes of their own yet (layout,
-tile, plan) are absent: the emitters choose layouts, tiles and buffers for each kernel.
+plan comes after schedule, not before as design.md lists the stages: the lifetimes it packs
+into HBM depend on the order kernels are issued in, which schedule decides.
 """
 
 from __future__ import annotations
 
 from neuroncc.passes.autocast import AutoCast
 from neuroncc.passes.fuse import Fuse
+from neuroncc.passes.layout import Layout
 from neuroncc.passes.manager import Pass
+from neuroncc.passes.plan import Plan
 from neuroncc.passes.schedule import Schedule
 from neuroncc.passes.simplify import Simplify
+from neuroncc.passes.tile import Tile
 
 
 def default_pipeline(opt_level: int, auto_cast: str | None = None) -> list[Pass]:
@@ -19,4 +22,12 @@ def default_pipeline(opt_level: int, auto_cast: str | None = None) -> list[Pass]
         return first  # one kernel per op, exactly as lowered
     if opt_level == 1:
         return [*first, Simplify()]  # canonicalise, CSE, DCE: fewer kernels, no identity copies
-    return [*first, Simplify(), Fuse(), Schedule()]
+    return [
+        *first,
+        Simplify(),
+        Fuse(),  # kernels that keep intermediates on chip
+        Layout(),  # where each transpose happens
+        Tile(),  # matmul block sizes
+        Schedule(),  # the order kernels are issued in
+        Plan(),  # HBM offsets: temporaries with disjoint lifetimes share bytes
+    ]

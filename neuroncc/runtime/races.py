@@ -3,18 +3,20 @@
 Two accesses conflict when they touch a common byte and at least one writes. They are ordered
 when one happens before the other: same engine (streams run in order) or linked by a chain of
 declared deps. Happens-before is tracked with vector clocks, and regions exactly (SBUF/PSUM
-rectangles; HBM element sets), independently of how codegen computed its deps, so a missing
+rectangles; HBM byte addresses, element by element for strided patterns), independently of how codegen computed its deps, so a missing
 dependency in codegen surfaces here as a RaceError naming both instructions.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from neuroncc.codegen import isa
 from neuroncc.codegen.intervals import IntervalIndex
+from neuroncc.codegen.program import Buffer
 from neuroncc.errors import RaceError
 
 
@@ -24,7 +26,8 @@ class _Region:
     p1: int
     lo: int
     hi: int
-    idx: np.ndarray | None  # exact element offsets for strided HBM patterns
+    idx: np.ndarray | None = None  # HBM: the start byte of each element of a strided pattern
+    size: int = 1  # HBM: bytes per element
 
     def overlaps(self, o: _Region) -> bool:
         if not (self.p0 < o.p1 and o.p0 < self.p1 and self.lo < o.hi and o.lo < self.hi):
@@ -32,9 +35,12 @@ class _Region:
         if self.idx is None and o.idx is None:
             return True
         if self.idx is not None and o.idx is not None:
+            if self.size != o.size:  # different element sizes (a reused arena): the boxes
+                return True
             return np.intersect1d(self.idx, o.idx, assume_unique=True).size > 0
-        idx, other = (self.idx, o) if self.idx is not None else (o.idx, self)
-        return bool(np.any((idx >= other.lo) & (idx < other.hi)))
+        idx, other = (self, o) if self.idx is not None else (o, self)
+        starts = idx.idx
+        return bool(np.any((starts + idx.size > other.lo) & (starts < other.hi)))
 
     def covers(self, o: _Region) -> bool:
         return (
@@ -46,19 +52,19 @@ class _Region:
         )
 
 
-def _region(ref: isa.Operand) -> tuple[str, _Region]:
+def _region(ref: isa.Operand, offsets: dict[str, int]) -> tuple[str, _Region]:
+    """On-chip rectangles; HBM by byte address (the plan pass lets temporaries share bytes)."""
     if isinstance(ref, isa.TileRef):
-        return ref.mem, _Region(
-            ref.p0, ref.p0 + ref.np, ref.offset, ref.offset + ref.free_bytes, None
-        )
+        return ref.mem, _Region(ref.p0, ref.p0 + ref.np, ref.offset, ref.offset + ref.free_bytes)
     lo, hi = ref.span()
+    base, size = offsets[ref.buffer], ref.dtype.itemsize
     idx = None
     if ref.contiguous_run() != ref.numel:
         offs = np.zeros(1, dtype=np.int64) + ref.offset
         for stride, count in ref.dims:
             offs = (offs[:, None] + stride * np.arange(count, dtype=np.int64)[None, :]).reshape(-1)
-        idx = offs if _increasing(ref.dims) else np.unique(offs)
-    return "hbm:" + ref.buffer, _Region(0, 1, lo, hi, idx)
+        idx = base + size * (offs if _increasing(ref.dims) else np.unique(offs))
+    return "hbm", _Region(0, 1, base + lo * size, base + hi * size, idx, size)
 
 
 def _increasing(dims: tuple[tuple[int, int], ...]) -> bool:
@@ -85,7 +91,8 @@ class _Access:
 
 
 class RaceChecker:
-    def __init__(self) -> None:
+    def __init__(self, buffers: Sequence[Buffer]) -> None:
+        self._offsets = {b.name: b.offset for b in buffers}
         self._engines: dict[str, int] = {}
         self._clocks: list[np.ndarray] = []
         self._last_on_engine: dict[int, int] = {}
@@ -118,7 +125,7 @@ class RaceChecker:
         self._opcodes.append(f"{ins.opcode}@{ins.engine}")
         accesses = [(r, False) for r in ins.reads()] + [(w, True) for w in ins.writes()]
         for ref, write in accesses:
-            mem, reg = _region(ref)
+            mem, reg = _region(ref, self._offsets)
             live = self._live.get(mem)
             candidates = live.overlapping(reg.lo, reg.hi) if live is not None else ()
             for acc in candidates:
@@ -130,7 +137,7 @@ class RaceChecker:
                         f"{'writes' if acc.write else 'reads'} it, with no dependency between them"
                     )
         for ref, write in accesses:
-            mem, reg = _region(ref)
+            mem, reg = _region(ref, self._offsets)
             live = self._live.setdefault(mem, IntervalIndex())
             if write:
                 live.remove_where(reg.lo, reg.hi, lambda a, reg=reg: reg.covers(a.region))

@@ -35,7 +35,7 @@ def run(
                 f"got {x.dtype}{list(x.shape)}"
             )
         mem.write_buffer(loc.buffer, x)
-    races = RaceChecker() if check_races else None
+    races = RaceChecker(exe.buffers) if check_races else None
     for i, ins in enumerate(exe.instructions):
         if races is not None:
             races.check(i, ins)

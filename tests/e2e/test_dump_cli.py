@@ -146,7 +146,7 @@ def test_bad_input_gets_one_line_and_status_2(dumped, tmp_path):
     cases = [
         (("run", tmp_path / "missing.py"), "script", "does not exist"),
         (("show", dump, "--stage", "bogus"), "unknown stage 'bogus'; stages: fx, nir"),
-        (("show", dump, "--stage", "layout"), "stage 'layout' is not a pass of its own"),
+        (("show", dump, "--stage", "auto-cast"), "has no stage 'auto-cast'; it has: fx, nir"),
         (("show", broken), "is damaged"),
         (("show", tmp_path / "nothing"), "is neither a dump directory nor a cache key"),
         (("show", dump, "--graph", "nope"), "no graph named like 'nope'"),

@@ -55,7 +55,14 @@ def test_pipeline_records_snapshots():
     x = b.input(TensorType((2,), DType.F32))
     g = b.build([b.op(Op.CAST, x, dtype=DType.F32)])
     res = run_pipeline(g, default_pipeline(2), CTX, snapshots=True)
-    assert [name for name, _ in res.snapshots] == ["simplify", "fuse", "schedule"]
+    assert [name for name, _ in res.snapshots] == [
+        "simplify",
+        "fuse",
+        "layout",
+        "tile",
+        "schedule",
+        "plan",
+    ]
     assert res.graph.outputs == g.inputs
     assert run_pipeline(g, default_pipeline(0), CTX).graph == g
 

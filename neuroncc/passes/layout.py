@@ -1,0 +1,125 @@
+"""layout: where each transpose happens, recorded as the node's `layout` choice.
+
+TensorE contracts over partitions, so a matmul wants its left operand as A^T; Vector/Scalar
+row kernels want rows on partitions. The lowering writes the transposes the math needs; this
+pass decides, per TRANSPOSE, how codegen realises it:
+
+- `fold`: no kernel at all. A last-two-axes transpose that only matmuls read as their left
+  operand is what they need anyway: they load A^T from its input directly (emit_matmul). So
+  are the transposes an attention kernel reads in place through strided views (Note
+  [attention operands] in emit_attention.py).
+- `pe` or `dma`: whichever the cost model says is cheaper for the rest. On TensorE the data
+  moves in 2 KiB runs and each 128 x 128 piece costs a matmul against the identity and a PSUM
+  copy (_transpose_blocks); as a DMA the data moves in runs as long as the permutation keeps
+  contiguous, often one element (Note [dma efficiency] in costs.py). The estimates price the
+  same instructions codegen would emit with the same formulas the simulator uses.
+
+VectorE has no transpose instruction in this ISA, so it is not a candidate. Without this pass
+(opt_level < 2) codegen transposes on TensorE where it can, else by DMA, and folds nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+from neuroncc.codegen import isa
+from neuroncc.codegen.costs import dma_ns, instr_ns
+from neuroncc.codegen.emit import P
+from neuroncc.codegen.emit_attention import attention_plan, fold_operand_views
+from neuroncc.codegen.emit_matmul import (
+    TRANSPOSE_RUN_BYTES,
+    foldable,
+    pe_source,
+    pe_transposable,
+)
+from neuroncc.codegen.targets import Target
+from neuroncc.ir.graph import Graph, Node, with_choices
+from neuroncc.ir.ops import Op
+from neuroncc.ir.types import DType
+from neuroncc.passes.manager import PassContext, register_pass
+
+
+@register_pass
+@dataclass(frozen=True)
+class Layout:
+    name: ClassVar[str] = "layout"
+
+    def run(self, g: Graph, ctx: PassContext) -> Graph:
+        users = g.users()
+        outputs = {v.id for v in g.outputs}
+        in_kernel = g.kernel_of()
+        read_in_place = _attention_operand_chains(g, users, outputs, ctx.target)
+        made: dict[int, str] = {}
+        for n in g.nodes:
+            if n.op is not Op.TRANSPOSE or n.out.id in in_kernel:
+                continue
+            if n.out.id in read_in_place or foldable(n, users[n.out.id], outputs):
+                made[n.out.id] = "fold"
+            elif not pe_transposable(n.inputs[0].type, tuple(n.attr("perm")), ctx.target):
+                made[n.out.id] = "dma"
+            else:
+                cheaper = pe_ns(n, ctx.target) <= dma_transpose_ns(n, ctx.target)
+                made[n.out.id] = "pe" if cheaper else "dma"
+        return with_choices(g, "layout", made) if made else g
+
+
+def _attention_operand_chains(g: Graph, users: dict, outputs: set[int], t: Target) -> set[int]:
+    """The nodes the attention kernels read in place (they are not emitted)."""
+    nodes = list(g.nodes)
+    index = {n.out.id: i for i, n in enumerate(nodes)}
+    plans = []
+    for ids in g.kernels:
+        group = nodes[index[ids[0]] : index[ids[0]] + len(ids)]
+        if len(group) > 1 and group[0].op is Op.MATMUL is group[-1].op:
+            ap = attention_plan(group, users, outputs, t)
+            if ap is not None:
+                plans.append(ap)
+    return fold_operand_views(g, plans)[1] if plans else set()
+
+
+def pe_ns(n: Node, t: Target) -> float:
+    """TensorE transpose as _transpose_blocks emits it: building the identity, then the
+    busiest of TensorE (a matmul per 128 x 128 piece), the two engines evacuating PSUM (a copy
+    per [128, w] row of the result) and the DMA queues (w-element runs in and out), then the
+    last copy."""
+    x = n.inputs[0]
+    dt = x.type.dtype
+    *lead, r, c = pe_source(x, tuple(n.attr("perm"))).shape
+    w = max(P, min(TRANSPOSE_RUN_BYTES // dt.itemsize, t.psum_bank_bytes // 4))
+    rp, cp = min(P, r), min(P, c)
+    grid = isa.TileRef("sbuf", 0, P, 0, DType.F32, (P,))
+    ident = isa.TileRef("sbuf", 0, P, 0, dt, (P,))
+    setup = instr_ns(isa.Iota("pool", dst=grid, base=0.0, pstep=1.0, fstep=-1.0), t)
+    setup += instr_ns(isa.TensorScalar("dve", op="eq", dst=ident, src=grid, scalar=0.0), t)
+    piece = isa.TileRef("sbuf", 0, rp, 0, dt, (cp,))
+    acc = isa.TileRef("psum", 0, cp, 0, DType.F32, (min(w, r),))
+    eye = isa.TileRef("sbuf", 0, rp, 0, dt, (rp,))
+    matmul = isa.Matmul("pe", dst=acc, stationary=piece, moving=eye, accumulate=False)
+    copy = instr_ns(isa.TensorCopy("dve", dst=replace(acc, mem="sbuf", dtype=dt), src=acc), t)
+    mats, col_tiles = math.prod(lead), math.ceil(c / P)
+    nbytes = x.type.nbytes
+    moves = dma_ns(nbytes, min(c, w) * dt.itemsize, t, t.dma_queues)
+    moves += dma_ns(nbytes, min(r, w) * dt.itemsize, t, t.dma_queues)
+    return (
+        setup
+        + copy
+        + max(
+            mats * math.ceil(r / P) * col_tiles * instr_ns(matmul, t),
+            mats * math.ceil(r / w) * col_tiles * copy / 2,
+            moves,
+        )
+    )
+
+
+def dma_transpose_ns(n: Node, t: Target) -> float:
+    """Strided DMA: the whole tensor read in runs of the elements the permutation keeps
+    contiguous (the trailing axes it leaves in place)."""
+    x = n.inputs[0].type
+    perm, run = tuple(n.attr("perm")), 1
+    for axis in reversed(range(x.rank)):
+        if perm[axis] != axis:
+            break
+        run *= x.shape[axis]
+    return dma_ns(x.nbytes, run * x.dtype.itemsize, t, t.dma_queues)

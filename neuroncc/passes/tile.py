@@ -1,0 +1,62 @@
+"""tile: the block sizes of each matmul, recorded as the node's `tile` choice [TM, TN].
+
+A matmul block is TM row tiles of 128 (its A^T kept in SBUF over all of K) by TN column tiles
+of 512 (one fp32 PSUM bank each, accumulating over K); each step over K loads one [128, TN x
+512] tile of B and issues TM x TN matmuls (Note [matmul blocking] in emit_matmul.py). B is
+read from HBM once per M block, so HBM traffic falls as 1/TM and a step's DMA shrinks against
+its TensorE time: the pass takes the largest TM that the PSUM banks and the SBUF left beside a
+fused epilogue allow, then as many N tiles as the remaining banks hold. The limits are the
+target's (PSUM banks, SBUF bytes per partition, the 128 x 512 moving tile) and the layout
+pass's choice for A (a folded transpose leaves A^T in HBM: no PSUM bank goes to transposing).
+
+Matmuls inside attention kernels are tiled by that kernel (emit_attention.py). Without this
+pass (opt_level < 2) codegen runs every matmul one [128, 512] output tile at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from neuroncc.codegen.emit_matmul import largest_blocking
+from neuroncc.ir.graph import Graph, Node, with_choices
+from neuroncc.ir.ops import Op
+from neuroncc.passes.manager import PassContext, register_pass
+
+
+@register_pass
+@dataclass(frozen=True)
+class Tile:
+    name: ClassVar[str] = "tile"
+
+    def run(self, g: Graph, ctx: PassContext) -> Graph:
+        producers = g.producers()
+        epilogues = _epilogues(g)
+        made: dict[int, tuple[int, int]] = {}
+        for n in g.nodes:
+            if epilogues.get(n.out.id) is None:  # not a matmul, or inside attention
+                continue
+            a = producers.get(n.inputs[0].id)
+            a_transposed = a is not None and g.choice(a.out.id, "layout") == "fold"
+            blocking = largest_blocking(n, epilogues[n.out.id], a_transposed, ctx.target)
+            if blocking is not None:
+                made[n.out.id] = (blocking.tm, blocking.tn)
+        return with_choices(g, "tile", made) if made else g
+
+
+def _epilogues(g: Graph) -> dict[int, list[Node] | None]:
+    """Matmul id -> the nodes fused after it (its epilogue: [] for a matmul alone), or None
+    for the matmuls of an attention kernel."""
+    nodes, kernel_of = list(g.nodes), g.kernel_of()
+    index = {n.out.id: i for i, n in enumerate(nodes)}
+    found: dict[int, list[Node] | None] = {
+        n.out.id: [] for n in nodes if n.op is Op.MATMUL and n.out.id not in kernel_of
+    }
+    for ids in g.kernels:
+        group = nodes[index[ids[0]] : index[ids[0]] + len(ids)]
+        matmuls = [n for n in group if n.op is Op.MATMUL]
+        if len(matmuls) > 1:  # attention
+            found.update(dict.fromkeys((n.out.id for n in matmuls), None))
+        elif matmuls:  # a matmul heads its epilogue group (passes/fuse.py)
+            found[matmuls[0].out.id] = group[1:]
+    return found

@@ -1,0 +1,95 @@
+"""layout: each transpose folded into its matmuls, or on TensorE or the DMA, whichever the cost
+model prices lower; codegen follows the choice and refuses one it cannot honour."""
+
+import numpy as np
+import pytest
+
+from neuroncc.codegen.lower import emit_graph
+from neuroncc.codegen.targets import TRN1, TRN2
+from neuroncc.errors import CodegenError
+from neuroncc.ir import interpret, parse, print_graph
+from neuroncc.ir.graph import with_choices
+from neuroncc.passes.layout import Layout, dma_transpose_ns, pe_ns
+from neuroncc.passes.manager import PassContext
+from neuroncc.runtime.simulator import run
+from neuroncc.runtime.timing import time_executable
+from tests.codegen.test_emit import random_input
+
+TRANSPOSES = """graph @main(%0: f32[256,512], %1: f32[512,128], %2: i32[4,6], %3: f32[8,16], %4: f32[4,8,16]) {
+  %5 = transpose %0 {perm=[1,0]} : f32[512,256]
+  %6 = matmul %5, %0 : f32[512,512]
+  %7 = transpose %1 {perm=[1,0]} : f32[128,512]
+  %8 = exp %7 : f32[128,512]
+  %9 = transpose %2 {perm=[1,0]} : i32[6,4]
+  %10 = transpose %3 {perm=[1,0]} : f32[16,8]
+  %11 = transpose %4 {perm=[1,0,2]} : f32[8,4,16]
+  return %6, %8, %9, %10, %11
+}
+"""
+
+# %5 only feeds a matmul's left operand: folded. %7 is large: TensorE. %9 (integers) and %11
+# (keeps the last axis) cannot go on TensorE; %10 is small enough that one DMA beats building
+# the identity.
+CHOSEN = """graph @main(%0: f32[256,512], %1: f32[512,128], %2: i32[4,6], %3: f32[8,16], %4: f32[4,8,16]) {
+  %5 = transpose %0 {perm=[1,0]} : f32[512,256] [layout=fold]
+  %6 = matmul %5, %0 : f32[512,512]
+  %7 = transpose %1 {perm=[1,0]} : f32[128,512] [layout=pe]
+  %8 = exp %7 : f32[128,512]
+  %9 = transpose %2 {perm=[1,0]} : i32[6,4] [layout=dma]
+  %10 = transpose %3 {perm=[1,0]} : f32[16,8] [layout=dma]
+  %11 = transpose %4 {perm=[1,0,2]} : f32[8,4,16] [layout=dma]
+  return %6, %8, %9, %10, %11
+}
+"""
+
+
+def test_layout_choices_golden_and_exact():
+    g = parse(TRANSPOSES)
+    chosen = Layout().run(g, PassContext(TRN2))
+    assert print_graph(chosen) == CHOSEN
+    assert parse(CHOSEN) == chosen
+    inputs = [random_input(v.type) for v in g.inputs]
+    got = run(emit_graph(chosen, TRN2), inputs, TRN2)
+    for a, b in zip(got, interpret(g, inputs), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-3)  # K=256 fp32 sums
+
+
+def test_no_pe_transposes_on_trn1():
+    chosen = Layout().run(parse(TRANSPOSES), PassContext(TRN1))
+    assert chosen.choice(7, "layout") == "dma" and chosen.choice(5, "layout") == "fold"
+
+
+def _transpose(r: int, c: int):
+    return parse(
+        f"graph @main(%0: f32[{r},{c}]) {{\n"
+        f"  %1 = transpose %0 {{perm=[1,0]}} : f32[{c},{r}]\n  return %1\n}}"
+    )
+
+
+@pytest.mark.parametrize("shape", [(2, 3), (8, 16), (16, 32), (128, 128), (4, 4096), (4096, 4)])
+def test_the_choice_is_what_the_simulator_times_faster(shape):
+    g = _transpose(*shape)
+    times = {
+        layout: time_executable(emit_graph(with_choices(g, "layout", {1: layout}), TRN2), TRN2)
+        for layout in ("pe", "dma")
+    }
+    faster = min(times, key=lambda k: times[k].device_ns)
+    assert Layout().run(g, PassContext(TRN2)).choice(1, "layout") == faster
+    # The estimates are the simulator's costs of the same instructions, within 20%.
+    n = g.nodes[0]
+    for layout, estimate in (("pe", pe_ns(n, TRN2)), ("dma", dma_transpose_ns(n, TRN2))):
+        assert estimate == pytest.approx(times[layout].device_ns, rel=0.2), layout
+
+
+@pytest.mark.parametrize(
+    ("node", "layout", "message"),
+    [
+        (7, "fold", "layout=fold needs a last-two-axes transpose read only by matmuls"),
+        (9, "pe", "layout=pe needs float data"),
+        (11, "pe", "layout=pe needs float data"),
+    ],
+)
+def test_codegen_refuses_a_layout_it_cannot_honour(node, layout, message):
+    g = with_choices(parse(TRANSPOSES), "layout", {node: layout})
+    with pytest.raises(CodegenError, match=message):
+        emit_graph(g, TRN2)
