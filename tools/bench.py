@@ -41,6 +41,7 @@ from neuroncc.ir import DType, GraphBuilder, Op, TensorType
 from neuroncc.passes.manager import PassContext, run_pipeline
 from neuroncc.passes.pipelines import default_pipeline
 from neuroncc.runtime.cache import GRAPH_CACHE
+from neuroncc.runtime.stats import STATS
 from neuroncc.runtime.timing import time_executable
 
 
@@ -54,6 +55,8 @@ class Row:
     mfu: float
     hbm_mb_o2: float
     hbm_mb_o0: float
+    mem_mb_o2: float  # HBM footprint: the largest executable's buffers (passes/plan.py)
+    mem_mb_o0: float
     compile_s: float
     inductor_compile_s: float | None
     sim_s: float | None
@@ -191,6 +194,7 @@ def _neuroncc(w: Workload, quick: bool, level: int, timing_only: bool = False):
         neuroncc.reset_stats()
         second = _timed(lambda: _call(compiled, inputs, w.backward))
         stats = neuroncc.stats()
+        stats["footprint"] = max(c.exe.hbm_bytes for c in STATS.executed().values())
         if not timing_only:
             second = min(second, _best_of(lambda: _call(compiled, inputs, w.backward), 2))
     return stats, max(first - second, 0.0), second, fn, inputs
@@ -230,6 +234,8 @@ def run_workload(w: Workload, quick: bool, inductor: bool = True, timing_only: b
         s2["mfu"],
         s2["hbm_bytes"] / 1e6,
         s0["hbm_bytes"] / 1e6,
+        s2["footprint"] / 1e6,
+        s0["footprint"] / 1e6,
         compile_s,
         ind,
         None if timing_only else sim_s,
@@ -252,8 +258,8 @@ def gemm_row(quick: bool) -> Row:
         start = time.perf_counter()
         exe = emit_graph(run_pipeline(g, default_pipeline(level), PassContext(t)).graph, t)
         compile_s = time.perf_counter() - start
-        rows[level] = (time_executable(exe, t), compile_s)
-    p, compile_s = rows[2]
+        rows[level] = (time_executable(exe, t), compile_s, exe.hbm_bytes)
+    p, compile_s, footprint = rows[2]
     return Row(
         f"gemm_bf16_{m}x{k}x{n}",
         "trn1",
@@ -263,6 +269,8 @@ def gemm_row(quick: bool) -> Row:
         p.mfu,
         p.hbm_bytes / 1e6,
         rows[0][0].hbm_bytes / 1e6,
+        footprint / 1e6,
+        rows[0][2] / 1e6,
         compile_s,
         None,
         None,
@@ -271,19 +279,21 @@ def gemm_row(quick: bool) -> Row:
 
 
 def _fmt(v, spec: str) -> str:
-    return "-" if v is None else format(v, spec)
+    width = int(spec.lstrip(">").split(".")[0])
+    return "-".rjust(width) if v is None else format(v, spec)
 
 
 def print_table(rows: list[Row]) -> None:
     head = (
         f"{'workload':<24}{'target':>6}{'device us':>11}{'roofline':>10}{'frac':>7}{'MFU':>7}"
-        f"{'HBM MB o2':>10}{'o0':>9}{'compile s':>10}{'inductor':>9}{'sim/eager':>10}"
+        f"{'HBM MB o2':>10}{'o0':>9}{'mem o2/o0':>10}{'compile s':>10}{'inductor':>9}{'sim/eager':>10}"
     )
     print(head)
     for r in rows:
         print(
             f"{r.name:<24}{r.target:>6}{r.device_us:>11.1f}{r.roofline_us:>10.1f}"
             f"{r.fraction:>7.1%}{r.mfu:>7.1%}{r.hbm_mb_o2:>10.2f}{r.hbm_mb_o0:>9.2f}"
+            f"{r.mem_mb_o2 / r.mem_mb_o0:>10.2f}"
             f"{r.compile_s:>10.2f}{_fmt(r.inductor_compile_s, '>9.2f')}"
             f"{_fmt(r.sim_over_eager, '>10.1f')}"
         )
