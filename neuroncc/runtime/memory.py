@@ -17,8 +17,9 @@ from neuroncc.codegen.program import Executable
 from neuroncc.codegen.targets import Target
 from neuroncc.errors import SimulationError
 
-# Per thread, the last SBUF and PSUM arrays of each shape: refilling one costs a memset, a
-# fresh 24 MiB np.full costs its page faults too (80 ms, a third of a block's simulation).
+# Per thread, the last SBUF and PSUM arrays of each shape and one HBM array: refilling one costs
+# a memset, a fresh 24 MiB np.full costs its page faults too (80 ms, a third of a block's
+# simulation).
 _ON_CHIP = threading.local()
 
 
@@ -31,10 +32,21 @@ def _on_chip(shape: tuple[int, int]) -> np.ndarray:
     return a
 
 
+def _hbm(nbytes: int) -> np.ndarray:
+    """Zeroed HBM bytes, from this thread's one HBM array (grown when a program needs more):
+    a fresh np.zeros pays a page fault per 4 KiB the program touches, every run."""
+    a = getattr(_ON_CHIP, "hbm", None)
+    if a is None or a.size < nbytes:
+        a = _ON_CHIP.hbm = np.empty(nbytes, np.uint8)
+    a = a[:nbytes]
+    a.fill(0)
+    return a
+
+
 class Memories:
     def __init__(self, exe: Executable, target: Target) -> None:
         self.exe = exe
-        self.hbm = np.zeros(max(exe.hbm_bytes, 1), dtype=np.uint8)
+        self.hbm = _hbm(max(exe.hbm_bytes, 1))
         # Fresh on-chip memory holds garbage on the device; NaN-like bytes make reads of
         # never-written tiles visible in results instead of silently reading zeros. One
         # simulation at a time per thread uses them.
