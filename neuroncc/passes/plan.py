@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from neuroncc.codegen.builder import ALIGN
+from neuroncc.codegen.intervals import IntervalIndex
 from neuroncc.codegen.views import VIEW_OPS
 from neuroncc.ir.graph import Graph, with_choices
 from neuroncc.ir.ops import Op
@@ -44,18 +45,17 @@ class Plan:
     def run(self, g: Graph, ctx: PassContext) -> Graph:
         lifetimes = value_lifetimes(g)
         sizes = {n.out.id: n.out.type.nbytes for n in g.nodes}
-        placed: list[tuple[int, int, int, int]] = []  # (offset, end, first, last)
+        placed: IntervalIndex[tuple[int, int]] = IntervalIndex()  # lifetime -> (offset, end)
         made: dict[int, int] = {}
         order = sorted(lifetimes, key=lambda v: (-sizes[v], lifetimes[v][0], v))
         for vid in order:
             first, last = lifetimes[vid]
-            taken = sorted((o, e) for o, e, f, la in placed if f <= last and first <= la)
             offset = 0
-            for o, e in taken:
+            for o, e in sorted(placed.overlapping(first, last + 1)):
                 if offset + sizes[vid] <= o:
                     break
                 offset = max(offset, -(-e // ALIGN) * ALIGN)
-            placed.append((offset, offset + sizes[vid], first, last))
+            placed.add(first, last + 1, (offset, offset + sizes[vid]))
             made[vid] = offset
         return with_choices(g, "hbm", made) if made else g
 
