@@ -36,6 +36,7 @@ from neuroncc.frontend.dump_read import (
     GraphDump,
     device_ns,
     fusion_groups,
+    hbm_plan,
     is_graph_folder,
     kernel_costs_of,
     load,
@@ -123,6 +124,7 @@ def _graph_json(g: GraphDump, stages: list[str] | None) -> dict[str, Any]:
         ir = g.ir(s)
         out["stages"][s] = {"text": g.stages[s], **({"ir": graph_to_json(ir)} if ir else {})}
     out["fusion"] = fusion_groups(g)
+    out["hbm_plan"] = hbm_plan(g)
     out["kernels"] = [
         {
             "name": c.name,
@@ -159,6 +161,13 @@ def _show_text(g: GraphDump, stages: list[str] | None, diff: bool) -> str:
             f"  kernel {x['kernel']}: {' '.join(x['nodes'])}  ({', '.join(x['ops'])})"
             for x in groups
         ]
+        lines.append("")
+    plan = hbm_plan(g)
+    if plan and plan["values"]:
+        lines.append(
+            f"hbm plan (plan): {plan['values']} temporaries of {plan['bytes'] / 1e6:.2f} MB share "
+            f"a {plan['arena_bytes'] / 1e6:.2f} MB arena"
+        )
         lines.append("")
     if g.exe is not None:
         device = device_ns(g)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from neuroncc.codegen.emit import arena_bytes
 from neuroncc.codegen.listing import listing
 from neuroncc.codegen.program import Executable
 from neuroncc.codegen.targets import get_target
@@ -135,3 +136,15 @@ def fusion_groups(g: GraphDump) -> list[dict[str, Any]]:
         {"kernel": k, "nodes": [f"%{v}" for v in ids], "ops": [ops[v] for v in ids]}
         for k, ids in enumerate(fused.kernels)
     ]
+
+
+def hbm_plan(g: GraphDump) -> dict[str, int] | None:
+    """What the plan pass did: how many temporaries it placed, their bytes, and the arena they
+    share (passes/plan.py)."""
+    planned = g.ir("plan")
+    if planned is None:
+        return None
+    sizes = [
+        n.out.type.nbytes for n in planned.nodes if planned.choice(n.out.id, "hbm") is not None
+    ]
+    return {"values": len(sizes), "bytes": sum(sizes), "arena_bytes": arena_bytes(planned)[0]}

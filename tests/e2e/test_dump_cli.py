@@ -3,6 +3,7 @@ and files; JSON output that round-trips into the IR; bad input gets one line and
 
 import json
 import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -61,9 +62,13 @@ def test_run_summarises_the_graphs(dumped):
 def test_show_text_has_stages_fusion_groups_and_kernel_costs(dumped):
     dump, _, _ = dumped
     out = _cli("show", dump, "--graph", "forward").stdout
-    for stage in ("fx", "nir", "simplify", "fuse", "schedule", "program"):
+    for stage in ("fx", "nir", "simplify", "fuse", "layout", "tile", "schedule", "plan", "program"):
         assert f"== {stage} ==" in out
     assert "fusion groups (fuse):" in out and "kernel 0: %" in out
+    assert re.search(
+        r"hbm plan \(plan\): \d+ temporaries of [\d.]+ MB share a [\d.]+ MB arena", out
+    )
+    assert "[hbm=0" in out and "layout=" in out
     assert "kernels (simulated" in out and "roofline" in out
     only = _cli("show", dump / "graph1_forward", "--stage", "program").stdout
     assert "== program ==" in only and "== fuse ==" not in only
