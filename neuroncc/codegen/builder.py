@@ -12,9 +12,9 @@ Invariants it maintains:
   pass gave values with disjoint lifetimes the same bytes; dependencies are tracked by byte
   address, so reusing bytes orders the new writer after the old value's readers.
 
-Note [dependencies]: the tracker keeps, per memory (SBUF, PSUM, each HBM buffer), the accesses
-not yet superseded, each with a conservative bounding box (partitions x bytes, or an element span
-for HBM). A new access waits on every overlapping earlier access where either side writes.
+Note [dependencies]: the tracker keeps, per memory (SBUF, PSUM, HBM), the accesses not yet
+superseded, each with a conservative bounding box (partitions x bytes, or a span of HBM byte
+addresses). A new access waits on every overlapping earlier access where either side writes.
 Because engines execute in order, waiting on the latest such instruction of each engine implies
 the earlier ones, so deps keep one id per engine. An access that a later write covers entirely is
 dropped: anything overlapping it later overlaps the write too and is ordered through it. Likewise
@@ -37,7 +37,7 @@ from neuroncc.ir.types import DType
 
 ALIGN = 64
 
-Box = tuple[int, int, int, int]  # p0, p1, b0, b1 (HBM: 0, 1, element lo, element hi)
+Box = tuple[int, int, int, int]  # p0, p1, b0, b1 (HBM: 0, 1, byte lo, byte hi)
 
 
 def region(ref: isa.Operand, buffers: dict[str, Buffer]) -> tuple[str, Box]:

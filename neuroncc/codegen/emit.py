@@ -2,8 +2,8 @@
 
 Every value lives in its own HBM buffer (a reshape aliases its input's buffer: row-major data
 does not move), or, where the plan pass placed it, at its offset in the arena that temporaries
-with disjoint lifetimes share. A kernel loads its inputs tile by tile into SBUF, computes on the engines and
-stores the result. Tiles respect the hardware limits (Note [tile limits]).
+with disjoint lifetimes share. A kernel loads its inputs tile by tile into SBUF, computes on
+the engines and stores the result. Tiles respect the hardware limits (Note [tile limits]).
 
 Note [tile limits]: dimension 0 of a tile is the partition dimension (<= 128). Elementwise and
 reduction tiles hold at most TILE_BYTES per partition. Matmul tiles are stationary [K<=128,

@@ -27,8 +27,8 @@ from neuroncc.ir.types import DType, TensorType
 
 AttrValue = int | float | bool | str | DType | tuple[int, ...]
 
-# The choices a pass may record for codegen: key -> (attribute kind, the op it applies to).
-# (None: any op).
+# The choices a pass may record for codegen: key -> (attribute kind, the op it applies to, or
+# None for any op).
 CHOICES: dict[str, tuple[str, Op | None]] = {
     "layout": ("name", Op.TRANSPOSE),  # fold | pe | dma (passes/layout.py)
     "tile": ("ints", Op.MATMUL),  # [TM, TN] 128-row and 512-column tiles per block (tile.py)

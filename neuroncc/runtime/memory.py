@@ -21,6 +21,7 @@ from neuroncc.errors import SimulationError
 # a memset, a fresh 24 MiB np.full costs its page faults too (80 ms, a third of a block's
 # simulation).
 _ON_CHIP = threading.local()
+KEPT_HBM_BYTES = 512 * 2**20
 
 
 def _on_chip(shape: tuple[int, int]) -> np.ndarray:
@@ -33,8 +34,11 @@ def _on_chip(shape: tuple[int, int]) -> np.ndarray:
 
 
 def _hbm(nbytes: int) -> np.ndarray:
-    """Zeroed HBM bytes, from this thread's one HBM array (grown when a program needs more):
-    a fresh np.zeros pays a page fault per 4 KiB the program touches, every run."""
+    """Zeroed HBM bytes, from this thread's one HBM array (grown when a program needs more,
+    up to KEPT_HBM_BYTES): a fresh np.zeros pays a page fault per 4 KiB the program touches,
+    every run."""
+    if nbytes > KEPT_HBM_BYTES:  # not worth holding on to: the run dwarfs its page faults
+        return np.zeros(nbytes, np.uint8)
     a = getattr(_ON_CHIP, "hbm", None)
     if a is None or a.size < nbytes:
         a = _ON_CHIP.hbm = np.empty(nbytes, np.uint8)

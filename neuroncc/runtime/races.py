@@ -3,8 +3,9 @@
 Two accesses conflict when they touch a common byte and at least one writes. They are ordered
 when one happens before the other: same engine (streams run in order) or linked by a chain of
 declared deps. Happens-before is tracked with vector clocks, and regions exactly (SBUF/PSUM
-rectangles; HBM byte addresses, element by element for strided patterns), independently of how codegen computed its deps, so a missing
-dependency in codegen surfaces here as a RaceError naming both instructions.
+rectangles; HBM byte addresses, element by element for strided patterns), independently of
+how codegen computed its deps, so a missing dependency in codegen surfaces here as a
+RaceError naming both instructions.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ class _Region:
         if self.idx is None and o.idx is None:
             return True
         if self.idx is not None and o.idx is not None:
-            if self.size != o.size:  # different element sizes (a reused arena): the boxes
-                return True
+            if self.size != o.size:  # reused arena bytes seen as two dtypes: the bounding
+                return True  # boxes decide (conservative; codegen orders by the same boxes)
             return np.intersect1d(self.idx, o.idx, assume_unique=True).size > 0
         idx, other = (self, o) if self.idx is not None else (o, self)
         starts = idx.idx
