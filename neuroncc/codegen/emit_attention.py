@@ -202,6 +202,17 @@ def _heads_alive(ap: AttentionPlan) -> int:
 Block = tuple[int, int, int]  # (batch, first query row, rows)
 
 
+def attention_plans(g: Graph, t: Target) -> dict[int, AttentionPlan | None]:
+    """For each fused kernel of g from a matmul to a matmul (what the fuse pass forms for
+    attention): its first node's id -> its plan, or None where attention_plan rejects it."""
+    users, outputs = g.users(), {v.id for v in g.outputs}
+    return {
+        group[0].out.id: attention_plan(group, users, outputs, t)
+        for group in g.kernel_groups()
+        if len(group) > 1 and group[0].op is Op.MATMUL is group[-1].op
+    }
+
+
 def fold_operand_views(
     g: Graph, plans: Sequence[AttentionPlan]
 ) -> tuple[dict[int, View], set[int]]:

@@ -6,7 +6,7 @@ from neuroncc.codegen import emit_matmul, emit_tensor  # noqa: F401  (register t
 from neuroncc.codegen.emit import EMITTERS, EmitCtx
 from neuroncc.codegen.emit_attention import (
     AttentionPlan,
-    attention_plan,
+    attention_plans,
     emit_attention,
     fold_operand_views,
 )
@@ -23,15 +23,11 @@ def emit_graph(g: Graph, target: Target) -> Executable:
     ctx = EmitCtx(g, target)
     nodes = list(g.nodes)
     start = {ids[0]: ids for ids in g.kernels}
-    index = {n.out.id: i for i, n in enumerate(nodes)}
     attention: dict[int, AttentionPlan] = {}
-    for ids in g.kernels:
-        group = nodes[index[ids[0]] : index[ids[0]] + len(ids)]
-        if len(group) > 1 and group[0].op is Op.MATMUL is group[-1].op:
-            ap = attention_plan(group, ctx.users, ctx._output_ids, target)
-            if ap is None:
-                raise CodegenError("the fuse pass formed an attention group codegen rejects")
-            attention[ids[0]] = ap
+    for first, ap in attention_plans(g, target).items():
+        if ap is None:
+            raise CodegenError("the fuse pass formed an attention group codegen rejects")
+        attention[first] = ap
     ctx.views, skipped = fold_operand_views(g, list(attention.values()))
     i = 0
     while i < len(nodes):

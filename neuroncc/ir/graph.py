@@ -82,6 +82,11 @@ class Graph:
     def _choice_table(self) -> dict[tuple[int, str], AttrValue]:
         return {(v, k): x for v, kv in self.choices for k, x in kv}
 
+    def kernel_groups(self) -> list[list[Node]]:
+        """The nodes of each fused kernel, in kernel order."""
+        index = {n.out.id: i for i, n in enumerate(self.nodes)}
+        return [list(self.nodes[index[ids[0]] : index[ids[0]] + len(ids)]) for ids in self.kernels]
+
     def kernel_of(self) -> dict[int, int]:
         """Node output id -> index of its fused kernel (nodes in no kernel are absent)."""
         return {vid: k for k, ids in enumerate(self.kernels) for vid in ids}

@@ -27,7 +27,7 @@ from typing import ClassVar
 from neuroncc.codegen import isa
 from neuroncc.codegen.costs import dma_ns, instr_ns
 from neuroncc.codegen.emit import P
-from neuroncc.codegen.emit_attention import attention_plan, fold_operand_views
+from neuroncc.codegen.emit_attention import attention_plans, fold_operand_views
 from neuroncc.codegen.emit_matmul import (
     TRANSPOSE_RUN_BYTES,
     foldable,
@@ -50,7 +50,7 @@ class Layout:
         users = g.users()
         outputs = {v.id for v in g.outputs}
         in_kernel = g.kernel_of()
-        read_in_place = _attention_operand_chains(g, users, outputs, ctx.target)
+        read_in_place = _attention_operand_chains(g, ctx.target)
         made: dict[int, str] = {}
         for n in g.nodes:
             if n.op is not Op.TRANSPOSE or n.out.id in in_kernel:
@@ -65,17 +65,9 @@ class Layout:
         return with_choices(g, "layout", made) if made else g
 
 
-def _attention_operand_chains(g: Graph, users: dict, outputs: set[int], t: Target) -> set[int]:
+def _attention_operand_chains(g: Graph, t: Target) -> set[int]:
     """The nodes the attention kernels read in place (they are not emitted)."""
-    nodes = list(g.nodes)
-    index = {n.out.id: i for i, n in enumerate(nodes)}
-    plans = []
-    for ids in g.kernels:
-        group = nodes[index[ids[0]] : index[ids[0]] + len(ids)]
-        if len(group) > 1 and group[0].op is Op.MATMUL is group[-1].op:
-            ap = attention_plan(group, users, outputs, t)
-            if ap is not None:
-                plans.append(ap)
+    plans = [ap for ap in attention_plans(g, t).values() if ap is not None]
     return fold_operand_views(g, plans)[1] if plans else set()
 
 

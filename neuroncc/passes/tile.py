@@ -47,13 +47,11 @@ class Tile:
 def _epilogues(g: Graph) -> dict[int, list[Node] | None]:
     """Matmul id -> the nodes fused after it (its epilogue: [] for a matmul alone), or None
     for the matmuls of an attention kernel."""
-    nodes, kernel_of = list(g.nodes), g.kernel_of()
-    index = {n.out.id: i for i, n in enumerate(nodes)}
+    kernel_of = g.kernel_of()
     found: dict[int, list[Node] | None] = {
-        n.out.id: [] for n in nodes if n.op is Op.MATMUL and n.out.id not in kernel_of
+        n.out.id: [] for n in g.nodes if n.op is Op.MATMUL and n.out.id not in kernel_of
     }
-    for ids in g.kernels:
-        group = nodes[index[ids[0]] : index[ids[0]] + len(ids)]
+    for group in g.kernel_groups():
         matmuls = [n for n in group if n.op is Op.MATMUL]
         if len(matmuls) > 1:  # attention
             found.update(dict.fromkeys((n.out.id for n in matmuls), None))
