@@ -158,9 +158,13 @@ WORKLOADS = [
 
 
 def _call(fn, inputs, backward: bool):
+    """A training step (forward and backward) or inference: forward-only workloads run
+    without autograd, as inference does, so their graphs save nothing for a backward."""
+    if not backward:
+        with torch.no_grad():
+            return fn(*inputs)
     out = fn(*inputs)
-    if backward:
-        out.float().sum().backward()
+    out.float().sum().backward()
     return out
 
 

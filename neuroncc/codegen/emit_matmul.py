@@ -31,6 +31,7 @@ from neuroncc.codegen import isa
 from neuroncc.codegen.builder import ProgramBuilder, TilePool
 from neuroncc.codegen.emit import EmitCtx, P, rect, register
 from neuroncc.codegen.emit_fused import RowKernel, emit_fused
+from neuroncc.codegen.emit_gemv import emit_gemv, gemv_foldable
 from neuroncc.codegen.row_plan import epilogue_plan, epilogue_sbuf_bytes
 from neuroncc.codegen.targets import Target
 from neuroncc.codegen.views import View
@@ -145,6 +146,10 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
     *batch, m, k = a_v.type.shape
     nn = b_v.type.shape[-1]
     dt, odt = a_v.type.dtype, n.out.type.dtype
+    w_buf = ctx.transposed_view.get(b_v.id)
+    if w_buf is not None:  # B = W^T with W in HBM as it is: dot products with W's rows
+        emit_gemv(ctx, n, w_buf, epilogue)
+        return
     folded = ctx.transposed_view.get(a_v.id)  # A^T already in HBM: load it as it is
     a_buf = folded if folded is not None else ctx.buf(a_v)
     b_buf = ctx.buf(b_v)
@@ -323,9 +328,16 @@ def foldable(n: Node, users: Sequence[Node], outputs: Container[int]) -> bool:
 
 
 def emit_transpose_folded(ctx: EmitCtx, n: Node) -> None:
-    """layout=fold: no kernel; the matmuls that read n load A^T straight from n's input."""
-    if not foldable(n, ctx.users[n.out.id], ctx._output_ids):
-        raise CodegenError("layout=fold needs a last-two-axes transpose read only by matmuls")
+    """layout=fold: no kernel; the matmuls that read n load A^T straight from n's input, or,
+    reading it as W^T, run as dot products with W's rows (emit_gemv.py)."""
+    users = ctx.users[n.out.id]
+    if not foldable(n, users, ctx._output_ids) and not gemv_foldable(
+        n, users, ctx._output_ids, ctx.graph.producers()
+    ):
+        raise CodegenError(
+            "layout=fold needs a last-two-axes transpose read only by matmuls, as their left "
+            "operand or (2-D, with few rows of x) as their right one"
+        )
     ctx.transposed_view[n.out.id] = ctx.buf(n.inputs[0])
 
 

@@ -7,7 +7,9 @@ pass decides, per TRANSPOSE, how codegen realises it:
 - `fold`: no kernel at all. A last-two-axes transpose that only matmuls read as their left
   operand is what they need anyway: they load A^T from its input directly (emit_matmul). So
   are the transposes an attention kernel reads in place through strided views (Note
-  [attention operands] in emit_attention.py).
+  [attention operands] in emit_attention.py). A weight's W^T read by matmuls of a few rows
+  (a decode step's `x @ W.T`) folds where their dot products with W's rows on Vector/GpSimd
+  (emit_gemv.py) cost less than transposing W and multiplying on TensorE.
 - `pe` or `dma`: whichever the cost model says is cheaper for the rest. On TensorE the data
   moves in 2 KiB runs and each 128 x 128 piece costs a matmul against the identity and a PSUM
   copy (_transpose_blocks); as a DMA the data moves in runs as long as the permutation keeps
@@ -28,6 +30,7 @@ from neuroncc.codegen import isa
 from neuroncc.codegen.costs import dma_ns, instr_ns
 from neuroncc.codegen.emit import P
 from neuroncc.codegen.emit_attention import attention_plans, fold_operand_views
+from neuroncc.codegen.emit_gemv import gemv_foldable, gemv_ns
 from neuroncc.codegen.emit_matmul import (
     TRANSPOSE_RUN_BYTES,
     foldable,
@@ -52,10 +55,14 @@ class Layout:
         in_kernel = g.kernel_of()
         read_in_place = _attention_operand_chains(g, ctx.target)
         made: dict[int, str] = {}
+        producers = g.producers()
         for n in g.nodes:
             if n.op is not Op.TRANSPOSE or n.out.id in in_kernel:
                 continue
-            if n.out.id in read_in_place or foldable(n, users[n.out.id], outputs):
+            readers = users[n.out.id]
+            as_dot_products = gemv_foldable(n, readers, outputs, producers)
+            as_dot_products = as_dot_products and _dot_products_cheaper(n, readers, ctx.target)
+            if n.out.id in read_in_place or foldable(n, readers, outputs) or as_dot_products:
                 made[n.out.id] = "fold"
             elif not pe_transposable(n.inputs[0].type, tuple(n.attr("perm")), ctx.target):
                 made[n.out.id] = "dma"
@@ -69,6 +76,31 @@ def _attention_operand_chains(g: Graph, t: Target) -> set[int]:
     """The nodes the attention kernels read in place (they are not emitted)."""
     plans = [ap for ap in attention_plans(g, t).values() if ap is not None]
     return fold_operand_views(g, plans)[1] if plans else set()
+
+
+def _dot_products_cheaper(n: Node, readers: list[Node], t: Target) -> bool:
+    """W^T read by matmuls of few rows: their dot products with W's rows on Vector/GpSimd
+    (emit_gemv) against transposing W (the cheaper of TensorE and DMA) and the matmuls on
+    TensorE."""
+    transpose = pe_ns(n, t) if pe_transposable(n.inputs[0].type, (1, 0), t) else math.inf
+    transpose = min(transpose, dma_transpose_ns(n, t))
+    return sum(gemv_ns(u, t) for u in readers) < transpose + sum(
+        pe_matmul_ns(u, t) for u in readers
+    )
+
+
+def pe_matmul_ns(u: Node, t: Target) -> float:
+    """The matmul u on TensorE: one instruction per [128, 128] x [128, 512] block of A and B."""
+    *batch, m, k = u.inputs[0].type.shape
+    nn, dt = u.out.type.shape[-1], u.inputs[0].type.dtype
+    stationary = isa.TileRef("sbuf", 0, min(P, k), 0, dt, (min(P, m),))
+    moving = isa.TileRef("sbuf", 0, min(P, k), 0, dt, (min(t.pe_moving_fmax, nn),))
+    acc = isa.TileRef("psum", 0, min(P, m), 0, DType.F32, (min(t.pe_moving_fmax, nn),))
+    one = instr_ns(
+        isa.Matmul("pe", dst=acc, stationary=stationary, moving=moving, accumulate=True), t
+    )
+    blocks = math.prod(batch) * math.ceil(m / P) * math.ceil(k / P)
+    return blocks * math.ceil(nn / t.pe_moving_fmax) * one
 
 
 def pe_ns(n: Node, t: Target) -> float:

@@ -9,7 +9,8 @@ fused epilogue allow, then as many N tiles as the remaining banks hold. The limi
 target's (PSUM banks, SBUF bytes per partition, the 128 x 512 moving tile) and the layout
 pass's choice for A (a folded transpose leaves A^T in HBM: no PSUM bank goes to transposing).
 
-Matmuls inside attention kernels are tiled by that kernel (emit_attention.py). Without this
+Matmuls inside attention kernels are tiled by that kernel (emit_attention.py), those the layout
+pass turned into dot products (a folded W^T) need no blocks. Without this
 pass (opt_level < 2) codegen runs every matmul one [128, 512] output tile at a time.
 """
 
@@ -36,6 +37,8 @@ class Tile:
         for n in g.nodes:
             if epilogues.get(n.out.id) is None:  # not a matmul, or inside attention
                 continue
+            if g.choice(n.inputs[1].id, "layout") == "fold":
+                continue  # dot products on Vector/GpSimd (emit_gemv.py): no blocks
             a = producers.get(n.inputs[0].id)
             a_transposed = a is not None and g.choice(a.out.id, "layout") == "fold"
             blocking = largest_blocking(n, epilogues[n.out.id], a_transposed, ctx.target)

@@ -4,13 +4,15 @@ model prices lower; codegen follows the choice and refuses one it cannot honour.
 import numpy as np
 import pytest
 
+from neuroncc.codegen import isa
 from neuroncc.codegen.lower import emit_graph
 from neuroncc.codegen.targets import TRN1, TRN2
 from neuroncc.errors import CodegenError
 from neuroncc.ir import interpret, parse, print_graph
 from neuroncc.ir.graph import with_choices
 from neuroncc.passes.layout import Layout, dma_transpose_ns, pe_ns
-from neuroncc.passes.manager import PassContext
+from neuroncc.passes.manager import PassContext, run_pipeline
+from neuroncc.passes.pipelines import default_pipeline
 from neuroncc.runtime.simulator import run
 from neuroncc.runtime.timing import time_executable
 from tests.codegen.test_emit import random_input
@@ -93,3 +95,38 @@ def test_codegen_refuses_a_layout_it_cannot_honour(node, layout, message):
     g = with_choices(parse(TRANSPOSES), "layout", {node: layout})
     with pytest.raises(CodegenError, match=message):
         emit_graph(g, TRN2)
+
+
+def _linear(rows: int, n: int, k: int, dtype: str = "f32", epilogue: bool = False):
+    tail = f"  %5 = tanh %4 : {dtype}[{rows},{n}]\n  return %5" if epilogue else "  return %4"
+    return parse(
+        f"graph @main(%0: {dtype}[{rows},{k}], %1: {dtype}[{n},{k}]) {{\n"
+        f"  %3 = transpose %1 {{perm=[1,0]}} : {dtype}[{k},{n}]\n"
+        f"  %4 = matmul %0, %3 : {dtype}[{rows},{n}]\n{tail}\n}}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("rows", "n", "k", "dtype", "epilogue"),
+    [(1, 1536, 512, "f32", False), (2, 300, 2500, "f32", True), (1, 256, 128, "bf16", True)],
+)
+def test_a_decode_step_linear_is_dot_products_with_the_weight_rows(rows, n, k, dtype, epilogue):
+    g = _linear(rows, n, k, dtype, epilogue)
+    compiled = run_pipeline(g, default_pipeline(2), PassContext(TRN2)).graph
+    assert compiled.choice(3, "layout") == "fold" and compiled.choice(4, "tile") is None
+    exe = emit_graph(compiled, TRN2)
+    assert not any(isinstance(ins, isa.Matmul) for ins in exe.instructions)  # W not transposed
+    inputs = [random_input(v.type) for v in g.inputs]
+    tol = 1e-2 if dtype == "bf16" else 1e-4
+    for a, b in zip(run(exe, inputs, TRN2), interpret(g, inputs), strict=True):
+        np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32), rtol=tol, atol=tol)
+
+
+def test_dot_products_are_chosen_only_where_the_simulator_times_them_faster():
+    for rows in (1, 4, 16):  # 16 rows of 512: all the x that emit_gemv keeps broadcast
+        g = _linear(rows, 1024, 512)
+        folded = emit_graph(with_choices(g, "layout", {3: "fold"}), TRN2)
+        on_pe = emit_graph(with_choices(g, "layout", {3: "pe"}), TRN2)
+        faster = time_executable(folded, TRN2).device_ns < time_executable(on_pe, TRN2).device_ns
+        chosen = Layout().run(g, PassContext(TRN2)).choice(3, "layout")
+        assert (chosen == "fold") == faster, rows

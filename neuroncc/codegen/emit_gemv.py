@@ -1,0 +1,112 @@
+"""Matmuls of a few rows against a transposed weight, as dot products on Vector/GpSimd.
+
+`x @ W.T` with W [N, K] row-major (every nn.Linear) needs W^T on TensorE, K on partitions: a
+transpose of all of W, on TensorE and through PSUM, for a product that, with one row of x (a
+decode step), uses one column of the array. Here W stays as it is, its rows on partitions: for
+each [128, K] block of W and each row of x (broadcast to all partitions by the DMA), one
+multiply and one row sum give 128 outputs, out[m, n0 + p] = sum_k W[n0 + p, k] x[m, k]. W is
+read once, in long contiguous rows; x is loaded once. The layout pass chooses this (a transpose
+`fold`ed into the matmuls that read it as their right operand) where the cost model prices it
+below transposing W (gemv_ns); a fused epilogue then runs after, on the result in HBM.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Container, Mapping, Sequence
+
+from neuroncc.codegen import costs, isa
+from neuroncc.codegen.emit import EmitCtx, P, rect
+from neuroncc.codegen.emit_fused import EngineBalancer, emit_fused
+from neuroncc.codegen.targets import Target
+from neuroncc.ir.graph import Node
+from neuroncc.ir.ops import Op
+from neuroncc.ir.types import DType
+
+X_BYTES = 32 * 1024  # per partition, for all of x broadcast (so it is loaded once)
+CHUNK = 2048  # elements of K per multiply
+
+
+def gemv_foldable(
+    n: Node, users: Sequence[Node], outputs: Container[int], producers: Mapping[int, Node]
+) -> bool:
+    """Whether the matmuls reading the TRANSPOSE n (W^T, W 2-D) as their right operand can
+    read W as it is: n is read by nothing else, and each matmul's x fits X_BYTES broadcast and
+    is not itself a transpose (which might be folded too)."""
+    w = n.inputs[0].type
+    if w.rank != 2 or tuple(n.attr("perm")) != (1, 0) or n.out.id in outputs or not users:
+        return False
+    for u in users:
+        if u.op is not Op.MATMUL or u.inputs[1].id != n.out.id or u.inputs[0].id == n.out.id:
+            return False
+        x = u.inputs[0]
+        a = producers.get(x.id)
+        if (a is not None and a.op is Op.TRANSPOSE) or x.type.nbytes > X_BYTES:
+            return False
+    return True
+
+
+def gemv_ns(u: Node, t: Target) -> float:
+    """The matmul u on Vector/GpSimd (emit_gemv): the multiplies shared by both engines, the
+    row sums on VectorE, or W's DMA, whichever takes longer."""
+    x = u.inputs[0].type
+    k, nn, rows = x.shape[-1], u.out.type.shape[-1], x.numel // max(x.shape[-1], 1)
+    cw = min(k, CHUNK)
+    prod = isa.TileRef("sbuf", 0, P, 0, DType.F32, (cw,))
+    w = isa.TileRef("sbuf", 0, P, 0, x.dtype, (cw,))
+    mult = costs.instr_ns(isa.TensorTensor("dve", op="mul", dst=prod, a=w, b=w), t)
+    mult_pool = costs.instr_ns(isa.TensorTensor("pool", op="mul", dst=prod, a=w, b=w), t)
+    sums = costs.instr_ns(isa.TensorReduce("dve", op="sum", dst=prod.cols(0, 1), src=prod), t)
+    steps = math.ceil(nn / P) * math.ceil(k / cw) * rows
+    both = 1 / (1 / mult + 1 / mult_pool)  # a multiply's share when both engines take them
+    weight = costs.dma_ns(nn * k * x.dtype.itemsize, cw * x.dtype.itemsize, t, t.dma_queues)
+    return max(steps * (both + sums), weight)
+
+
+def emit_gemv(ctx: EmitCtx, n: Node, w_buf: str, epilogue: Sequence[Node]) -> None:
+    """out = x @ W^T for the matmul n whose right operand is W^T, with W [N, K] in `w_buf`."""
+    b = ctx.b
+    x = n.inputs[0]
+    k, nn = x.type.shape[-1], n.out.type.shape[-1]
+    rows = x.type.numel // max(k, 1)
+    dt, odt = x.type.dtype, n.out.type.dtype
+    out = ctx.alloc(n.out)
+    cw = min(k, CHUNK)
+    chunks = [(c0, min(cw, k - c0)) for c0 in range(0, k, cw)]
+    x_pool = b.sbuf_pool(k * dt.itemsize, bufs=max(rows, 1))
+    w_pool = b.sbuf_pool(cw * dt.itemsize, bufs=4)
+    prod_pool = b.sbuf_pool(cw * 4, bufs=4)
+    part_pool = b.sbuf_pool(4, bufs=2)
+    res_pool = b.sbuf_pool(rows * 4, bufs=2)
+    out_pool = b.sbuf_pool(rows * odt.itemsize, bufs=2)
+    balance = EngineBalancer(ctx.target)
+    xs = []
+    for r in range(rows):  # row r of x on every partition
+        xt = x_pool.tile(P, (k,), dt)
+        b.dma(xt, isa.DramRef(ctx.buf(x), r * k, dt, ((0, P), (1, k))))
+        xs.append(xt)
+    for n0 in range(0, nn, P):
+        nt = min(P, nn - n0)
+        res = res_pool.tile(nt, (rows,), DType.F32)
+        for ci, (c0, w) in enumerate(chunks):
+            wt = w_pool.tile(nt, (w,), dt)
+            b.dma(wt, rect(w_buf, dt, n0 * k + c0, k, nt, w))
+            for r, xt in enumerate(xs):
+                prod = prod_pool.tile(nt, (w,), DType.F32)
+                mult = isa.TensorTensor("dve", op="mul", dst=prod, a=wt, b=xt.rows(nt).cols(c0, w))
+                b.emit(balance.place(mult))
+                acc = res.cols(r, 1)
+                if ci == 0:
+                    b.emit(isa.TensorReduce("dve", op="sum", dst=acc, src=prod))
+                    continue
+                part = part_pool.tile(nt, (1,), DType.F32)
+                b.emit(isa.TensorReduce("dve", op="sum", dst=part, src=prod))
+                b.emit(balance.place(isa.TensorTensor("dve", op="add", dst=acc, a=acc, b=part)))
+        if odt != DType.F32:
+            cast = out_pool.tile(nt, (rows,), odt)
+            b.emit(balance.place(isa.TensorCopy("dve", dst=cast, src=res)))
+            res = cast
+        # out[r, n0 + p] = res[p, r]
+        b.dma(isa.DramRef(out, n0, odt, ((1, nt), (nn, rows))), res)
+    if epilogue:
+        emit_fused(ctx, epilogue)
