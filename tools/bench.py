@@ -9,8 +9,10 @@ After the workloads: the persistent cache's figures (tools/bench_cache.py), unle
 --no-cache.
 
 Per workload, at opt_level 2: simulated device time, the roofline bound and the fraction of it
-achieved, MFU, HBM bytes at opt_level 2 vs 0, neuroncc's compile wall time and Inductor's on the
-same function in the same run (cold cache), and the simulator's wall time vs eager PyTorch's.
+achieved, MFU, HBM bytes moved at opt_level 2 vs 0, the HBM footprint (the largest executable's
+buffers) at 2 over 0, neuroncc's compile wall time and Inductor's on the same function in the
+same run (cold cache), and the simulator's wall time vs eager PyTorch's. Forward-only workloads
+run without autograd, as inference does.
 Ratios, not absolute times, are what to compare: this machine is noisy.
 
 The big GEMM (bf16 4096x8192x8192 on trn1) is compiled from its IR and timed without numerics:
