@@ -36,12 +36,14 @@ def gemv_foldable(
     w = n.inputs[0].type
     if w.rank != 2 or tuple(n.attr("perm")) != (1, 0) or n.out.id in outputs or not users:
         return False
+    if w.numel == 0:
+        return False
     for u in users:
         if u.op is not Op.MATMUL or u.inputs[1].id != n.out.id or u.inputs[0].id == n.out.id:
             return False
         x = u.inputs[0]
         a = producers.get(x.id)
-        if (a is not None and a.op is Op.TRANSPOSE) or x.type.nbytes > X_BYTES:
+        if (a is not None and a.op is Op.TRANSPOSE) or not 0 < x.type.nbytes <= X_BYTES:
             return False
     return True
 

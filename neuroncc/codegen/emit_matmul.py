@@ -105,17 +105,18 @@ def choose_blocking(
 
 
 def largest_blocking(
-    n: Node, epilogue: Sequence[Node], a_transposed: bool, t: Target
+    n: Node, epilogue: Sequence[Node], a_transposed: bool, t: Target, b_transposed: bool = False
 ) -> Blocking | None:
     """choose_blocking for the matmul n with its fused `epilogue`; `a_transposed`: A^T is in
-    HBM already (a folded transpose), so no PSUM bank goes to transposing A."""
+    HBM already (a folded transpose), so no PSUM bank goes to transposing A, unless
+    `b_transposed`: B is W^T with W in HBM, transposed on chip as it is loaded."""
     *_, m, k = n.inputs[0].type.shape
     nn = n.inputs[1].type.shape[-1]
     if not (m and k and nn):
         return None
     epi_plan = epilogue_plan(n, epilogue, t) if epilogue else None
     reserve = epilogue_sbuf_bytes(epilogue, epi_plan, t.pe_moving_fmax, t) if epi_plan else 0
-    on_pe = not a_transposed and t.pe_exact_transpose
+    on_pe = (not a_transposed or b_transposed) and t.pe_exact_transpose
     return choose_blocking(m, k, nn, n.inputs[0].type.dtype, t, on_pe, reserve)
 
 
@@ -146,21 +147,22 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
     *batch, m, k = a_v.type.shape
     nn = b_v.type.shape[-1]
     dt, odt = a_v.type.dtype, n.out.type.dtype
-    w_buf = ctx.transposed_view.get(b_v.id)
-    if w_buf is not None:  # B = W^T with W in HBM as it is: dot products with W's rows
+    w_buf = ctx.transposed_view.get(b_v.id)  # B = W^T with W in HBM as it is
+    if b_v.id in ctx.dot_weights:  # dot products with W's rows
         emit_gemv(ctx, n, w_buf, epilogue)
         return
     folded = ctx.transposed_view.get(a_v.id)  # A^T already in HBM: load it as it is
     a_buf = folded if folded is not None else ctx.buf(a_v)
-    b_buf = ctx.buf(b_v)
+    b_buf = w_buf if w_buf is not None else ctx.buf(b_v)
     nf = t.pe_moving_fmax
     epi_plan = epilogue_plan(n, epilogue, t) if epilogue else None
     on_pe = folded is None and t.pe_exact_transpose
-    blocking = _blocking(ctx, n, largest_blocking(n, epilogue, folded is not None, t), on_pe)
+    largest = largest_blocking(n, epilogue, folded is not None, t, w_buf is not None)
+    blocking = _blocking(ctx, n, largest, on_pe or w_buf is not None)
     if blocking is None:  # the epilogue, if any, as a kernel of its own after the matmul
         out = ctx.alloc(n.out)
         if m and nn:
-            _emit_zero_or_simple(ctx, n, a_buf, b_buf, out, folded is not None)
+            _emit_zero_or_simple(ctx, n, a_buf, b_buf, out, folded is not None, w_buf is not None)
         if epilogue:
             emit_fused(ctx, epilogue)
         return
@@ -171,13 +173,15 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
     epi = RowKernel(ctx, epilogue, epi_plan, nf, epi_plan.cols) if epi_plan else None
     tm, tn = blocking.tm, blocking.tn
     kt_n = math.ceil(k / P)
-    transpose = PeTransposer(ctx, dt) if on_pe else None
+    transpose = PeTransposer(ctx, dt) if on_pe or w_buf is not None else None
     at_pool = b.sbuf_pool(tm * P * dt.itemsize, bufs=kt_n)  # A^T of one M block, all of K
     # A is read in [rows, chunk] pieces (long contiguous rows: few DMA descriptors), each
     # transposed 128 columns at a time.
     chunk = min(k, A_CHUNK_TILES * P)
     a_pool = b.sbuf_pool(chunk * dt.itemsize, bufs=2 * tm) if on_pe else None
     b_pool = b.sbuf_pool(tn * nf * dt.itemsize, bufs=3)
+    # B = W^T: W's rows for one B tile, [128, 128] at a time, each transposed into it
+    w_pool = b.sbuf_pool(P * dt.itemsize, bufs=2 * tn * nf // P) if w_buf is not None else None
     o_pool = b.sbuf_pool(nf * odt.itemsize, bufs=4)
     acc = b.psum_pool(bufs=tm * tn)
     blocks = [
@@ -228,7 +232,13 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
             for ki in range(kt_n):
                 k0, kt = ki * P, min(P, k - ki * P)
                 bt = b_pool.tile(kt, (width,), dt)
-                b.dma(bt, rect(b_buf, dt, b_off + k0 * nn + n0, nn, kt, width))
+                if w_pool is None:
+                    b.dma(bt, rect(b_buf, dt, b_off + k0 * nn + n0, nn, kt, width))
+                for j0 in range(0, width, P) if w_pool is not None else ():
+                    jw = min(P, width - j0)  # B[k0:, n0 + j0:] is W[n0 + j0:, k0:] transposed
+                    wt = w_pool.tile(jw, (kt,), dt)
+                    b.dma(wt, rect(b_buf, dt, (n0 + j0) * k + k0, k, jw, kt))
+                    transpose(bt.cols(j0, jw), wt)
                 for j, (_, mt) in enumerate(mrows):
                     st = at_slots[ki].cols(j * P, mt)
                     for c, (c0, w) in enumerate(cols):
@@ -256,10 +266,17 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
 
 
 def _emit_zero_or_simple(
-    ctx: EmitCtx, n: Node, a_buf: str, b_buf: str, out: str, a_is_transposed: bool
+    ctx: EmitCtx,
+    n: Node,
+    a_buf: str,
+    b_buf: str,
+    out: str,
+    a_is_transposed: bool,
+    b_is_transposed: bool,
 ) -> None:
     """K == 0 (a zero result), or a K too long to keep A^T on chip: the plain tiled schedule,
-    A^T tiles loaded by DMA (element-strided unless `a_buf` already holds A^T)."""
+    A^T tiles loaded by DMA (element-strided unless `a_buf` already holds A^T), B tiles too
+    where `b_buf` holds W for B = W^T (a 2-D matmul)."""
     b, t = ctx.b, ctx.target
     a_v, b_v = n.inputs
     *batch, m, k = a_v.type.shape
@@ -290,7 +307,11 @@ def _emit_zero_or_simple(
                             src = isa.DramRef(a_buf, a_off + m0 * k + k0, dt, ((1, kt), (k, mt)))
                         b.dma(at, src)
                         bt = b_pool.tile(kt, (nt,), dt)
-                        b.dma(bt, rect(b_buf, dt, b_off + k0 * nn + n0, nn, kt, nt))
+                        if b_is_transposed:
+                            src = isa.DramRef(b_buf, n0 * k + k0, dt, ((1, kt), (k, nt)))
+                        else:
+                            src = rect(b_buf, dt, b_off + k0 * nn + n0, nn, kt, nt)
+                        b.dma(bt, src)
                         b.emit(
                             isa.Matmul("pe", dst=ps, stationary=at, moving=bt, accumulate=ki > 0)
                         )
@@ -314,29 +335,41 @@ def pe_transposable(x: TensorType, perm: tuple[int, ...], t: Target) -> bool:
     )
 
 
-def foldable(n: Node, users: Sequence[Node], outputs: Container[int]) -> bool:
+def foldable(n: Node, users: Sequence[Node], outputs: Container[int], t: Target) -> bool:
     """Whether a TRANSPOSE can be left to the matmuls that read it: it swaps the last two
-    axes and only matmuls read it, as their left operand, which they need as A^T anyway."""
+    axes and only matmuls read it, as their left operand, which they need as A^T anyway, or
+    (2-D, on a target with exact TensorE transposes) as a right operand W^T of 2-D matmuls,
+    which transpose W on chip as they load it (emit_matmul)."""
     rank = n.out.type.rank
     last2 = tuple(n.attr("perm")) == (*range(rank - 2), rank - 1, rank - 2)
-    return (
-        last2
-        and bool(users)
-        and n.out.id not in outputs
-        and all(u.op is Op.MATMUL and u.inputs[0].id == n.out.id != u.inputs[1].id for u in users)
+    if not last2 or not users or n.out.id in outputs:
+        return False
+    vid = n.out.id
+    as_a = all(u.op is Op.MATMUL and u.inputs[0].id == vid != u.inputs[1].id for u in users)
+    as_b = t.pe_exact_transpose and n.out.type.dtype.is_float and rank == 2
+    as_b = as_b and all(
+        u.op is Op.MATMUL and u.inputs[1].id == vid != u.inputs[0].id and u.out.type.rank == 2
+        for u in users
     )
+    return as_a or as_b
 
 
-def emit_transpose_folded(ctx: EmitCtx, n: Node) -> None:
-    """layout=fold: no kernel; the matmuls that read n load A^T straight from n's input, or,
-    reading it as W^T, run as dot products with W's rows (emit_gemv.py)."""
-    users = ctx.users[n.out.id]
-    if not foldable(n, users, ctx._output_ids) and not gemv_foldable(
-        n, users, ctx._output_ids, ctx.graph.producers()
-    ):
+def emit_transpose_folded(ctx: EmitCtx, n: Node, layout: str) -> None:
+    """layout=fold: no kernel; the matmuls that read n load A^T straight from n's input, or
+    read W^T as W, transposed on chip. layout=dot: they run as dot products with W's rows
+    (emit_gemv.py)."""
+    users, outputs = ctx.users[n.out.id], ctx._output_ids
+    if layout == "dot":
+        if not gemv_foldable(n, users, outputs, ctx.graph.producers()):
+            raise CodegenError(
+                "layout=dot needs a 2-D transpose read only by matmuls of few rows, as their "
+                "right operand"
+            )
+        ctx.dot_weights.add(n.out.id)
+    elif not foldable(n, users, outputs, ctx.target):
         raise CodegenError(
             "layout=fold needs a last-two-axes transpose read only by matmuls, as their left "
-            "operand or (2-D, with few rows of x) as their right one"
+            "operand or (2-D, on a target with exact TensorE transposes) their right one"
         )
     ctx.transposed_view[n.out.id] = ctx.buf(n.inputs[0])
 

@@ -129,8 +129,8 @@ def emit_transpose(ctx: EmitCtx, n: Node) -> None:
     if layout is None:
         perm = tuple(n.attr("perm"))
         layout = "pe" if pe_transposable(n.inputs[0].type, perm, ctx.target) else "dma"
-    if layout == "fold":
-        emit_transpose_folded(ctx, n)
+    if layout in ("fold", "dot"):
+        emit_transpose_folded(ctx, n, layout)
     elif layout == "pe":
         emit_transpose_on_pe(ctx, n)
     else:

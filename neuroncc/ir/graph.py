@@ -30,11 +30,11 @@ AttrValue = int | float | bool | str | DType | tuple[int, ...]
 # The choices a pass may record for codegen: key -> (attribute kind, the op it applies to, or
 # None for any op).
 CHOICES: dict[str, tuple[str, Op | None]] = {
-    "layout": ("name", Op.TRANSPOSE),  # fold | pe | dma (passes/layout.py)
+    "layout": ("name", Op.TRANSPOSE),  # fold | dot | pe | dma (passes/layout.py)
     "tile": ("ints", Op.MATMUL),  # [TM, TN] 128-row and 512-column tiles per block (tile.py)
     "hbm": ("int", None),  # byte offset in the temporaries' arena (passes/plan.py)
 }
-LAYOUTS = ("fold", "pe", "dma")
+LAYOUTS = ("fold", "dot", "pe", "dma")
 Choices = tuple[tuple[int, tuple[tuple[str, AttrValue], ...]], ...]
 
 

@@ -7,14 +7,16 @@ pass decides, per TRANSPOSE, how codegen realises it:
 - `fold`: no kernel at all. A last-two-axes transpose that only matmuls read as their left
   operand is what they need anyway: they load A^T from its input directly (emit_matmul). So
   are the transposes an attention kernel reads in place through strided views (Note
-  [attention operands] in emit_attention.py). A weight's W^T read by matmuls of a few rows
-  (a decode step's `x @ W.T`) folds where their dot products with W's rows on Vector/GpSimd
-  (emit_gemv.py) cost less than transposing W and multiplying on TensorE.
-- `pe` or `dma`: whichever the cost model says is cheaper for the rest. On TensorE the data
-  moves in 2 KiB runs and each 128 x 128 piece costs a matmul against the identity and a PSUM
-  copy (_transpose_blocks); as a DMA the data moves in runs as long as the permutation keeps
-  contiguous, often one element (Note [dma efficiency] in costs.py). The estimates price the
-  same instructions codegen would emit with the same formulas the simulator uses.
+  [attention operands] in emit_attention.py). A weight's W^T read as the right operand of 2-D
+  matmuls folds where transposing W on chip as each matmul loads it (once per M block) costs
+  less than a transpose kernel, which also writes W^T to HBM and reads it back.
+- `dot`: W^T read by matmuls of a few rows (a decode step's `x @ W.T`): their dot products
+  with W's rows on Vector/GpSimd (emit_gemv.py), where that costs less than the above.
+- `pe` or `dma`: a kernel of its own, whichever the cost model says is cheaper. On TensorE the
+  data moves in 2 KiB runs and each 128 x 128 piece costs a matmul against the identity and a
+  PSUM copy (_transpose_blocks); as a DMA the data moves in runs as long as the permutation
+  keeps contiguous, often one element (Note [dma efficiency] in costs.py).
+The estimates price the instructions codegen would emit with the formulas the simulator uses.
 
 VectorE has no transpose instruction in this ISA, so it is not a candidate. Without this pass
 (opt_level < 2) codegen transposes on TensorE where it can, else by DMA, and folds nothing.
@@ -34,6 +36,7 @@ from neuroncc.codegen.emit_gemv import gemv_foldable, gemv_ns
 from neuroncc.codegen.emit_matmul import (
     TRANSPOSE_RUN_BYTES,
     foldable,
+    largest_blocking,
     pe_source,
     pe_transposable,
 )
@@ -59,34 +62,47 @@ class Layout:
         for n in g.nodes:
             if n.op is not Op.TRANSPOSE or n.out.id in in_kernel:
                 continue
-            readers = users[n.out.id]
-            as_dot_products = gemv_foldable(n, readers, outputs, producers)
-            as_dot_products = as_dot_products and _dot_products_cheaper(n, readers, ctx.target)
-            if n.out.id in read_in_place or foldable(n, readers, outputs) or as_dot_products:
+            made[n.out.id] = _layout(n, users[n.out.id], outputs, producers, ctx.target)
+            if n.out.id in read_in_place:
                 made[n.out.id] = "fold"
-            elif not pe_transposable(n.inputs[0].type, tuple(n.attr("perm")), ctx.target):
-                made[n.out.id] = "dma"
-            else:
-                cheaper = pe_ns(n, ctx.target) <= dma_transpose_ns(n, ctx.target)
-                made[n.out.id] = "pe" if cheaper else "dma"
         return with_choices(g, "layout", made) if made else g
+
+
+def _layout(n: Node, readers: list[Node], outputs: set[int], producers: dict, t: Target) -> str:
+    """The cheapest way to realise the transpose n for its readers, by the cost model."""
+    if n.out.type.numel == 0:
+        return "dma"  # nothing to move
+    perm = tuple(n.attr("perm"))
+    kernel = {"dma": dma_transpose_ns(n, t)}  # as a kernel of its own
+    if pe_transposable(n.inputs[0].type, perm, t):
+        kernel["pe"] = pe_ns(n, t)
+    way = min(kernel, key=kernel.__getitem__)
+    cost = kernel[way] + sum(pe_matmul_ns(u, t) for u in readers)
+    if foldable(n, readers, outputs, t):
+        if all(u.inputs[0].id == n.out.id for u in readers):
+            return "fold"  # A^T is what the matmuls load anyway
+        folded = sum(_in_matmul_ns(n, u, t) + pe_matmul_ns(u, t) for u in readers)
+        way, cost = ("fold", folded) if folded <= cost else (way, cost)
+    if gemv_foldable(n, readers, outputs, producers):
+        dot = sum(gemv_ns(u, t) for u in readers)
+        way = "dot" if dot < cost else way
+    return way
+
+
+def _in_matmul_ns(n: Node, u: Node, t: Target) -> float:
+    """W^T transposed on chip by the matmul u, once per M block (emit_matmul): the TensorE
+    pieces and the PSUM copies, the busier of the two."""
+    blocking = largest_blocking(u, [], False, t, b_transposed=True)
+    m_tiles = math.ceil(u.inputs[0].type.shape[-2] / P)
+    blocks = math.ceil(m_tiles / blocking.tm) if blocking else m_tiles
+    _, pieces, copies, _ = _pe_parts(n, t)
+    return blocks * max(pieces, copies)
 
 
 def _attention_operand_chains(g: Graph, t: Target) -> set[int]:
     """The nodes the attention kernels read in place (they are not emitted)."""
     plans = [ap for ap in attention_plans(g, t).values() if ap is not None]
     return fold_operand_views(g, plans)[1] if plans else set()
-
-
-def _dot_products_cheaper(n: Node, readers: list[Node], t: Target) -> bool:
-    """W^T read by matmuls of few rows: their dot products with W's rows on Vector/GpSimd
-    (emit_gemv) against transposing W (the cheaper of TensorE and DMA) and the matmuls on
-    TensorE."""
-    transpose = pe_ns(n, t) if pe_transposable(n.inputs[0].type, (1, 0), t) else math.inf
-    transpose = min(transpose, dma_transpose_ns(n, t))
-    return sum(gemv_ns(u, t) for u in readers) < transpose + sum(
-        pe_matmul_ns(u, t) for u in readers
-    )
 
 
 def pe_matmul_ns(u: Node, t: Target) -> float:
@@ -108,6 +124,12 @@ def pe_ns(n: Node, t: Target) -> float:
     busiest of TensorE (a matmul per 128 x 128 piece), the two engines evacuating PSUM (a copy
     per [128, w] row of the result) and the DMA queues (w-element runs in and out), then the
     last copy."""
+    setup, pieces, copies, moves = _pe_parts(n, t)
+    return setup + max(pieces, copies, moves)
+
+
+def _pe_parts(n: Node, t: Target) -> tuple[float, float, float, float]:
+    """pe_ns's parts: the identity and the last copy, TensorE, the copies, the DMAs."""
     x = n.inputs[0]
     dt = x.type.dtype
     *lead, r, c = pe_source(x, tuple(n.attr("perm"))).shape
@@ -120,21 +142,17 @@ def pe_ns(n: Node, t: Target) -> float:
     piece = isa.TileRef("sbuf", 0, rp, 0, dt, (cp,))
     acc = isa.TileRef("psum", 0, cp, 0, DType.F32, (min(w, r),))
     eye = isa.TileRef("sbuf", 0, rp, 0, dt, (rp,))
-    matmul = isa.Matmul("pe", dst=acc, stationary=piece, moving=eye, accumulate=False)
+    matmul = isa.Matmul(
+        "pe", dst=acc, stationary=piece, moving=eye, accumulate=False, transpose=True
+    )
     copy = instr_ns(isa.TensorCopy("dve", dst=replace(acc, mem="sbuf", dtype=dt), src=acc), t)
     mats, col_tiles = math.prod(lead), math.ceil(c / P)
     nbytes = x.type.nbytes
     moves = dma_ns(nbytes, min(c, w) * dt.itemsize, t, t.dma_queues)
     moves += dma_ns(nbytes, min(r, w) * dt.itemsize, t, t.dma_queues)
-    return (
-        setup
-        + copy
-        + max(
-            mats * math.ceil(r / P) * col_tiles * instr_ns(matmul, t),
-            mats * math.ceil(r / w) * col_tiles * copy / 2,
-            moves,
-        )
-    )
+    pieces = mats * math.ceil(r / P) * col_tiles * instr_ns(matmul, t)
+    copies = mats * math.ceil(r / w) * col_tiles * copy / 2
+    return setup + copy, pieces, copies, moves
 
 
 def dma_transpose_ns(n: Node, t: Target) -> float:

@@ -3,7 +3,7 @@
 Note [hbm plan]: without this pass every value codegen stores gets HBM of its own for the whole
 program, so a training step's footprint is the sum of all its activations and gradients. Here
 each value that will be stored (a node's result that is read outside its kernel, not a graph
-output, not a reshape, which aliases its input, nor a folded transpose) gets a byte offset in
+output, not a reshape, which aliases its input, nor a transpose folded into its readers) gets a byte offset in
 one arena, and values whose lifetimes do not overlap share bytes:
 
 - positions count kernels in issue order (a fused group is one position), so this pass runs
@@ -86,7 +86,7 @@ def value_lifetimes(g: Graph) -> dict[int, tuple[int, int]]:
         vid = n.out.id
         k = kernel_of.get(vid)
         read_outside = any(kernel_of.get(u.out.id) != k for u in users[vid]) or k is None
-        aliases = n.op is Op.RESHAPE or g.choice(vid, "layout") == "fold"
+        aliases = n.op is Op.RESHAPE or g.choice(vid, "layout") in ("fold", "dot")
         if vid in outputs or aliases or not read_outside or n.out.type.nbytes == 0:
             continue
         stored[vid] = (position[vid], last[vid])

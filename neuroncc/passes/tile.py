@@ -37,11 +37,14 @@ class Tile:
         for n in g.nodes:
             if epilogues.get(n.out.id) is None:  # not a matmul, or inside attention
                 continue
-            if g.choice(n.inputs[1].id, "layout") == "fold":
+            if g.choice(n.inputs[1].id, "layout") == "dot":
                 continue  # dot products on Vector/GpSimd (emit_gemv.py): no blocks
             a = producers.get(n.inputs[0].id)
             a_transposed = a is not None and g.choice(a.out.id, "layout") == "fold"
-            blocking = largest_blocking(n, epilogues[n.out.id], a_transposed, ctx.target)
+            b_transposed = g.choice(n.inputs[1].id, "layout") == "fold"
+            blocking = largest_blocking(
+                n, epilogues[n.out.id], a_transposed, ctx.target, b_transposed
+            )
             if blocking is not None:
                 made[n.out.id] = (blocking.tm, blocking.tn)
         return with_choices(g, "tile", made) if made else g
