@@ -4,7 +4,10 @@ Layout: TensorE contracts over partitions, `stationary[K, M].T @ moving[K, N]`, 
 operand is needed as A^T (K on partitions) while HBM holds A row-major. Rather than an
 element-strided DMA (one descriptor per element), A is loaded in contiguous [rows, 128] tiles
 and transposed on TensorE against an identity matrix (`nc_transpose`: about max(P, 64) cycles),
-the PSUM result copied back to SBUF. The same transpose serves TRANSPOSE of the last two axes.
+the PSUM result copied back to SBUF. The same transpose serves TRANSPOSE of the last two axes,
+and B = W^T where the layout pass folded a weight's transpose into its matmuls: each [128, 512]
+tile of B is then made on chip from four [128, 128] pieces of W's rows, and W^T never goes to
+HBM.
 
 Blocking (Note [matmul blocking]): an M block of TM x 128 rows keeps its whole A^T in SBUF and
 TM x TN PSUM banks accumulate [128, 512] fp32 output tiles over all of K; each step over K then
@@ -234,11 +237,12 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
                 bt = b_pool.tile(kt, (width,), dt)
                 if w_pool is None:
                     b.dma(bt, rect(b_buf, dt, b_off + k0 * nn + n0, nn, kt, width))
-                for j0 in range(0, width, P) if w_pool is not None else ():
-                    jw = min(P, width - j0)  # B[k0:, n0 + j0:] is W[n0 + j0:, k0:] transposed
-                    wt = w_pool.tile(jw, (kt,), dt)
-                    b.dma(wt, rect(b_buf, dt, (n0 + j0) * k + k0, k, jw, kt))
-                    transpose(bt.cols(j0, jw), wt)
+                else:
+                    for j0 in range(0, width, P):  # B[k0:, n0+j0:] is W[n0+j0:, k0:] transposed
+                        jw = min(P, width - j0)
+                        wt = w_pool.tile(jw, (kt,), dt)
+                        b.dma(wt, rect(b_buf, dt, (n0 + j0) * k + k0, k, jw, kt))
+                        transpose(bt.cols(j0, jw), wt)
                 for j, (_, mt) in enumerate(mrows):
                     st = at_slots[ki].cols(j * P, mt)
                     for c, (c0, w) in enumerate(cols):

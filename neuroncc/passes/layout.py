@@ -62,9 +62,10 @@ class Layout:
         for n in g.nodes:
             if n.op is not Op.TRANSPOSE or n.out.id in in_kernel:
                 continue
-            made[n.out.id] = _layout(n, users[n.out.id], outputs, producers, ctx.target)
             if n.out.id in read_in_place:
                 made[n.out.id] = "fold"
+            else:
+                made[n.out.id] = _layout(n, users[n.out.id], outputs, producers, ctx.target)
         return with_choices(g, "layout", made) if made else g
 
 
