@@ -51,8 +51,6 @@ class EmitCtx:
         # Transposes folded into the matmul that reads them (emit_matmul): value id -> the
         # buffer holding the untransposed data.
         self.transposed_view: dict[int, str] = {}
-        # Those of them whose matmuls run as dot products with W's rows (emit_gemv).
-        self.dot_weights: set[int] = set()
         # Attention operands read in place (emit_attention.fold_operand_views): value id ->
         # its views.View.
         self.views: dict = {}

@@ -5,9 +5,9 @@ transpose of all of W, on TensorE and through PSUM, for a product that, with one
 decode step), uses one column of the array. Here W stays as it is, its rows on partitions: for
 each [128, K] block of W and each row of x (broadcast to all partitions by the DMA), one
 multiply and one row sum give 128 outputs, out[m, n0 + p] = sum_k W[n0 + p, k] x[m, k]. W is
-read once, in long contiguous rows; x is loaded once. The layout pass chooses this (a transpose
-`fold`ed into the matmuls that read it as their right operand) where the cost model prices it
-below transposing W (gemv_ns); a fused epilogue then runs after, on the result in HBM.
+read once, in long contiguous rows; x is loaded once. The layout pass chooses this (layout=dot on
+the transpose the matmuls read as their right operand) where the cost model prices it below
+transposing W (gemv_ns); a fused epilogue then runs after, on the result in HBM.
 """
 
 from __future__ import annotations

@@ -151,7 +151,7 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
     nn = b_v.type.shape[-1]
     dt, odt = a_v.type.dtype, n.out.type.dtype
     w_buf = ctx.transposed_view.get(b_v.id)  # B = W^T with W in HBM as it is
-    if b_v.id in ctx.dot_weights:  # dot products with W's rows
+    if ctx.graph.choice(b_v.id, "layout") == "dot":  # dot products with W's rows
         emit_gemv(ctx, n, w_buf, epilogue)
         return
     folded = ctx.transposed_view.get(a_v.id)  # A^T already in HBM: load it as it is
@@ -369,7 +369,6 @@ def emit_transpose_folded(ctx: EmitCtx, n: Node, layout: str) -> None:
                 "layout=dot needs a 2-D transpose read only by matmuls of few rows, as their "
                 "right operand"
             )
-        ctx.dot_weights.add(n.out.id)
     elif not foldable(n, users, outputs, ctx.target):
         raise CodegenError(
             "layout=fold needs a last-two-axes transpose read only by matmuls, as their left "

@@ -9,9 +9,9 @@ fused epilogue allow, then as many N tiles as the remaining banks hold. The limi
 target's (PSUM banks, SBUF bytes per partition, the 128 x 512 moving tile) and the layout
 pass's choice for A (a folded transpose leaves A^T in HBM: no PSUM bank goes to transposing).
 
-Matmuls inside attention kernels are tiled by that kernel (emit_attention.py), those the layout
-pass turned into dot products (a folded W^T) need no blocks. Without this
-pass (opt_level < 2) codegen runs every matmul one [128, 512] output tile at a time.
+Matmuls inside attention kernels are tiled by that kernel (emit_attention.py); those whose W^T
+the layout pass made dot products (layout=dot) need no blocks. Without this pass (opt_level <
+2) codegen runs every matmul one [128, 512] output tile at a time.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ class Tile:
     name: ClassVar[str] = "tile"
 
     def run(self, g: Graph, ctx: PassContext) -> Graph:
-        producers = g.producers()
         epilogues = _epilogues(g)
         made: dict[int, tuple[int, int]] = {}
         for n in g.nodes:
@@ -39,8 +38,7 @@ class Tile:
                 continue
             if g.choice(n.inputs[1].id, "layout") == "dot":
                 continue  # dot products on Vector/GpSimd (emit_gemv.py): no blocks
-            a = producers.get(n.inputs[0].id)
-            a_transposed = a is not None and g.choice(a.out.id, "layout") == "fold"
+            a_transposed = g.choice(n.inputs[0].id, "layout") == "fold"
             b_transposed = g.choice(n.inputs[1].id, "layout") == "fold"
             blocking = largest_blocking(
                 n, epilogues[n.out.id], a_transposed, ctx.target, b_transposed
