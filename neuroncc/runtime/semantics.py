@@ -23,8 +23,8 @@ def _compute(a: np.ndarray) -> np.ndarray:
     if a.dtype == np.bool_:
         return a
     if a.dtype.kind in "iu":
-        return a.astype(np.int64)
-    return a.astype(np.float32)
+        return a.astype(np.int64, copy=False)
+    return a.astype(np.float32, copy=False)  # a view where it is one: nothing writes into it
 
 
 def _store(dst: np.ndarray, values: np.ndarray) -> None:
@@ -113,7 +113,7 @@ def run_activation(m: Memories, ins: isa.Activation, t: Target) -> None:
     fn = numerics.UNARY.get(ins.func)
     if fn is None:
         raise SimulationError(f"activation function {ins.func!r} does not exist")
-    x = m.tile(ins.src).astype(np.float32)
+    x = m.tile(ins.src).astype(np.float32, copy=False)
     if ins.scale != 1.0 or ins.bias != 0.0:
         x = x * np.float32(ins.scale) + np.float32(ins.bias)
     _store(m.tile(ins.dst), fn(x))
@@ -126,7 +126,7 @@ def run_activation_reduce(m: Memories, ins: isa.ActivationReduce, t: Target) -> 
     fn = numerics.UNARY.get(ins.func)
     if fn is None:
         raise SimulationError(f"activation function {ins.func!r} does not exist")
-    x = m.tile(ins.src).astype(np.float32).reshape(ins.dst.np, -1)
+    x = m.tile(ins.src).astype(np.float32, copy=False).reshape(ins.dst.np, -1)
     x = x + m.tile(ins.bias).astype(np.float32).reshape(ins.dst.np, 1)
     dst = m.tile(ins.dst)
     _store(dst, fn(x))
