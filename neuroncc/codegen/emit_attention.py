@@ -14,6 +14,8 @@ them in place (Note [attention operands]); per block of 128 query rows it
   activation_reduce);
 - transposes P 128 keys at a time on TensorE and accumulates P V over the key tiles in one PSUM
   bank.
+Key tiles that a constant mask (a causal one) makes irrelevant to a query block are skipped:
+no scores, no row group columns, no P V for them (Note [dead keys], codegen/dead_keys.py).
 The blocks are software-pipelined (Note [attention pipeline]). A whole key row must fit in SBUF
 and a block's scores in the PSUM banks (`attention_plan` checks: up to 3072 keys); longer rows,
 head dimensions over 128 and targets without an exact TensorE transpose (P would have to
@@ -26,7 +28,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from neuroncc.codegen import isa
+from neuroncc.codegen import dead_keys, isa
 from neuroncc.codegen.builder import TilePool
 from neuroncc.codegen.emit import EmitCtx, P, rect
 from neuroncc.codegen.emit_fused import RowKernel
@@ -59,6 +61,7 @@ class AttentionPlan:
     dv: int
     unit: int = 1  # 128-row query blocks per pipeline step (Note [attention pipeline])
     evac: tuple[str, float] | None = None  # (op, constant) applied as the scores leave PSUM
+    live: tuple[int, ...] | None = None  # keys computed per query block (Note [dead keys])
 
     @property
     def chunks(self) -> int:
@@ -202,6 +205,26 @@ def _heads_alive(ap: AttentionPlan) -> int:
 Block = tuple[int, int, int]  # (batch, first query row, rows)
 
 
+def query_blocks(ap: AttentionPlan) -> list[Block]:
+    return [(bi, r0, min(P, ap.m - r0)) for bi in range(ap.batch) for r0 in range(0, ap.m, P)]
+
+
+def with_live_keys(g: Graph, ap: AttentionPlan) -> AttentionPlan:
+    """ap with the keys each query block must compute (Note [dead keys]), where the row group
+    proves the others irrelevant and writes no full row outside the kernel (P included)."""
+    users, outputs = g.users(), {v.id for v in g.outputs}
+    inside = {ap.scores.out.id, ap.out.out.id, *(x.out.id for x in ap.rows), *ap.p_chain}
+    for x in ap.rows:
+        wide = x.out.type.shape[-1:] == (ap.n,)
+        read_outside = x.out.id in outputs or any(u.out.id not in inside for u in users[x.out.id])
+        if wide and read_outside:
+            return ap
+    live = dead_keys.live_keys(
+        g, ap.rows, sorted(ap.given), ap.p_id, query_blocks(ap), ap.m, ap.n, P
+    )
+    return replace(ap, live=live)
+
+
 def attention_plans(g: Graph, t: Target) -> dict[int, AttentionPlan | None]:
     """For each fused kernel of g from a matmul to a matmul (what the fuse pass forms for
     attention): its first node's id -> its plan, or None where attention_plan rejects it."""
@@ -309,7 +332,8 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
     s_pool = b.sbuf_pool(n * sdt.itemsize, bufs=3 * u)
     pt_pool = b.sbuf_pool(P * pdt.itemsize, bufs=2 * u * len(key_tiles))
     o_pool = b.sbuf_pool(dv * odt.itemsize, bufs=2 * u)
-    blocks = [(bi, r0, min(P, m - r0)) for bi in range(ap.batch) for r0 in range(0, m, P)]
+    blocks = query_blocks(ap)
+    keys = dict(zip(blocks, ap.live or [n] * len(blocks), strict=True))  # Note [dead keys]
     steps = [blocks[i : i + u] for i in range(0, len(blocks), u)]
     heads: dict[int, tuple[isa.TileRef, list[isa.TileRef]]] = {}
     # What each phase of a block leaves for the next: Qᵀ, the scores in PSUM, in SBUF, P, Pᵀ.
@@ -356,16 +380,19 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
         b.dma(qb, rect(ctx.buf(qv.base), qdt, qv.batch_offset(bi) + r0 * stride, stride, rp, d))
         transpose_q(qt, qb)
 
+    def live_chunks(blk: Block) -> list[tuple[int, int]]:
+        return [(c0, min(w, keys[blk] - c0)) for c0, w in chunks if c0 < keys[blk]]
+
     def score_matmuls(blk: Block) -> None:
         k_t, qt = heads[blk[0]][0], qts.pop(blk)
-        s_ps[blk] = [s_psum.tile(blk[2], (w,), DType.F32) for _, w in chunks]
-        for (c0, w), dst in zip(chunks, s_ps[blk], strict=True):
+        s_ps[blk] = [s_psum.tile(blk[2], (w,), DType.F32) for _, w in live_chunks(blk)]
+        for (c0, w), dst in zip(live_chunks(blk), s_ps[blk], strict=True):
             mm = isa.Matmul("pe", dst=dst, stationary=qt, moving=k_t.cols(c0, w), accumulate=False)
             b.emit(mm)
 
     def score_copies(blk: Block) -> None:
-        s_sb[blk] = s = s_pool.tile(blk[2], (n,), sdt)
-        for (c0, w), src in zip(chunks, s_ps.pop(blk), strict=True):
+        s_sb[blk] = s = s_pool.tile(blk[2], (keys[blk],), sdt)
+        for (c0, w), src in zip(live_chunks(blk), s_ps.pop(blk), strict=True):
             engine, dst = transpose_p.evacuation_engine(), s.cols(c0, w)
             if ap.evac is None:
                 b.emit(isa.TensorCopy(engine, dst=dst, src=src))
@@ -375,7 +402,7 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
 
     def softmax(step: list[Block]) -> None:
         specs = [
-            (bi * m + r0, rp, 0, n, dict.fromkeys(ap.given, s_sb.pop((bi, r0, rp))))
+            (bi * m + r0, rp, 0, keys[bi, r0, rp], dict.fromkeys(ap.given, s_sb.pop((bi, r0, rp))))
             for bi, r0, rp in step
         ]
         for blk, tiles in zip(step, row.steps(specs), strict=True):
@@ -383,15 +410,17 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
 
     def transpose_probs(blk: Block) -> None:
         p_tile, rp = ps.pop(blk), blk[2]
-        pts[blk] = [pt_pool.tile(kw, (rp,), pdt) for _, kw in key_tiles]
-        for (k0, kw), pt in zip(key_tiles, pts[blk], strict=True):
+        live = [(k0, kw) for k0, kw in key_tiles if k0 < keys[blk]]
+        pts[blk] = [pt_pool.tile(kw, (rp,), pdt) for _, kw in live]
+        for (k0, kw), pt in zip(live, pts[blk], strict=True):
             transpose_p(pt, p_tile.cols(k0, kw))
 
     def times_v(blk: Block) -> None:
         bi, r0, rp = blk
-        vs = heads[bi][1]
+        p_tiles = pts.pop(blk)
+        vs = heads[bi][1][: len(p_tiles)]
         o_ps = o_psum.tile(rp, (dv,), DType.F32)
-        for i, (pt, vt) in enumerate(zip(pts.pop(blk), vs, strict=True)):
+        for i, (pt, vt) in enumerate(zip(p_tiles, vs, strict=True)):
             b.emit(isa.Matmul("pe", dst=o_ps, stationary=pt, moving=vt, accumulate=i > 0))
         ot = o_pool.tile(rp, (dv,), odt)
         b.emit(isa.TensorCopy(transpose_p.evacuation_engine(), dst=ot, src=o_ps))

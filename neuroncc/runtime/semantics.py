@@ -127,7 +127,8 @@ def run_activation_reduce(m: Memories, ins: isa.ActivationReduce, t: Target) -> 
     if fn is None:
         raise SimulationError(f"activation function {ins.func!r} does not exist")
     x = m.tile(ins.src).astype(np.float32, copy=False).reshape(ins.dst.np, -1)
-    x = x + m.tile(ins.bias).astype(np.float32).reshape(ins.dst.np, 1)
+    with np.errstate(invalid="ignore"):  # -inf - -inf in a fully masked row: nan, as IEEE says
+        x = x + m.tile(ins.bias).astype(np.float32).reshape(ins.dst.np, 1)
     dst = m.tile(ins.dst)
     _store(dst, fn(x))
     rows = dst.astype(np.float32).reshape(ins.dst.np, -1)

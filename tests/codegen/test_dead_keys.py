@@ -1,0 +1,136 @@
+"""Note [dead keys]: the abstract interpretation that lets the attention kernel skip masked key
+tiles. Its op tables are checked against numpy on random float32 values (soundness), and the
+kernel against eager PyTorch: causal masks skip the tiles above the diagonal, masks that are
+graph inputs or rows that are fully masked skip nothing they need."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import neuroncc
+from neuroncc.codegen import dead_keys as dk
+from neuroncc.ir import numerics
+from neuroncc.runtime.stats import STATS
+
+f32 = st.floats(width=32, allow_nan=True, allow_infinity=True)
+BINARY = [*dk._BINARY_OK, *sorted(numerics.COMPARISONS)]
+
+
+def _category(x) -> tuple[int, bool]:
+    c = int(dk.categorize(np.float32(x)))
+    return int(dk.LO[c]), bool(dk.NAN[c])
+
+
+def _interval(*xs) -> int:
+    """The code of the smallest interval holding every x."""
+    cats = [_category(x) for x in xs]
+    finite = [c for c, nan in cats if not nan] or [dk.Z]
+    return int(dk._code(min(finite), max(finite), int(any(nan for _, nan in cats))))
+
+
+def _holds(code: int, x) -> bool:
+    cat, nan = _category(x)
+    if nan:
+        return bool(dk.NAN[code])
+    return bool(dk.LO[code] <= cat <= dk.HI[code])
+
+
+@settings(max_examples=300, deadline=None)
+@given(op=st.sampled_from(BINARY), a=f32, a2=f32, b=f32, b2=f32)
+def test_binary_tables_hold_every_result(op, a, a2, b, b2):
+    """fn(a, b) lies in the table's result for any intervals holding a and b."""
+    with np.errstate(all="ignore"):
+        got = np.float32(numerics.BINARY[op](np.float32(a), np.float32(b)))
+    code = dk._lookup(op, 2)[_interval(a, a2), _interval(b, b2)]
+    assert _holds(int(code), got), (op, a, a2, b, b2, got)
+
+
+@settings(max_examples=300, deadline=None)
+@given(op=st.sampled_from(dk._UNARY_OK), a=f32, a2=f32)
+def test_unary_tables_hold_every_result(op, a, a2):
+    with np.errstate(all="ignore"):
+        got = np.float32(numerics.UNARY[op](np.float32(a)))
+    code = dk._lookup(op, 1)[_interval(a, a2)]
+    assert _holds(int(code), got), (op, a, a2, got)
+
+
+def _attention_matmuls() -> int:
+    """Matmuls (not transposes) in the executed attention kernels."""
+    count = 0
+    for c in STATS.executed().values():
+        for k in c.exe.kernels:
+            if k.name.startswith("attention."):
+                ins = c.exe.instructions[k.start : k.stop]
+                count += sum(i.opcode == "matmul" and not i.transpose for i in ins)
+    return count
+
+
+def _run(fn, inputs):
+    neuroncc.reset_stats()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(fn, backend="neuron")(*inputs)
+    torch.testing.assert_close(got, fn(*inputs), atol=2e-5, rtol=1e-4)
+    return _attention_matmuls()
+
+
+def _qkv(heads=2, seq=512, d=32):
+    g = torch.Generator().manual_seed(seq)
+    return [torch.randn(1, heads, seq, d, generator=g) for _ in range(3)]
+
+
+def test_causal_attention_skips_the_tiles_above_the_diagonal(fresh):
+    """Per head, 4 query blocks of 512 keys: scores in one PSUM chunk each (4 matmuls), and P V
+    over 1 + 2 + 3 + 4 key tiles instead of 4 x 4."""
+    qkv = _qkv()
+    assert _run(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), qkv) == (
+        2 * (4 + 10)
+    )
+
+
+def test_masks_from_inputs_and_no_mask_skip_nothing(fresh):
+    qkv, mask = _qkv(), torch.ones(512, 512, dtype=torch.bool).tril()
+    full = 2 * (4 + 16)
+    sdpa = F.scaled_dot_product_attention
+    assert _run(lambda q, k, v, m: sdpa(q, k, v, attn_mask=m), [*qkv, mask]) == full
+    assert _run(lambda q, k, v: sdpa(q, k, v), qkv) == full
+
+
+def test_a_constant_mask_with_fully_masked_rows(fresh):
+    """Rows with every key masked are 0 (PyTorch's safe softmax): their block cannot prove its
+    max finite, so it keeps every key; the other blocks still skip."""
+
+    def fn(q, k, v):
+        rows = torch.arange(512)[:, None]
+        mask = torch.ones(512, 512, dtype=torch.bool).tril() & (rows != 300)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    assert _run(fn, _qkv()) == 2 * (4 + 1 + 2 + 4 + 4)
+
+
+@pytest.mark.parametrize("seq", [100, 300, 700])
+def test_partial_tiles_match_eager(fresh, seq):
+    qkv = _qkv(heads=3, seq=seq, d=16)
+    _run(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), qkv)
+
+
+def test_manual_softmax_attention_with_probabilities_returned(fresh):
+    """P is read outside the kernel: it must be whole, so nothing is skipped."""
+
+    def fn(q, k, v):
+        s = q @ k.transpose(-1, -2) / 4.0
+        mask = torch.ones(512, 512, dtype=torch.bool).tril()
+        p = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1)
+        return p @ v, p
+
+    qkv = _qkv()
+    neuroncc.reset_stats()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out, p = torch.compile(fn, backend="neuron")(*qkv)
+    want_out, want_p = fn(*qkv)
+    torch.testing.assert_close(out, want_out, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(p, want_p, atol=2e-5, rtol=1e-4)
