@@ -4,8 +4,8 @@ Note [dead keys]: with a causal mask, half the [query, key] scores are -inf befo
 softmax; their probabilities are exactly 0, add nothing to the row sum and nothing to P V. The
 attention kernel (emit_attention) skips the key tiles of a query block where that holds for
 every element: no scores are computed there, the row group runs on the live columns only, and
-P V accumulates the live key tiles only. What is skipped must be provably irrelevant, for any
-finite q, k and v, so `live_keys` proves it by abstract interpretation of the row group:
+P V accumulates the live key tiles only. What is skipped must be provably irrelevant for any
+finite scores and values, so `live_keys` proves it by abstract interpretation of the row group:
 
 - every value of the row group is abstracted per element as an interval over the ordered
   float categories NI < NF < Z < P1 < PB < PI (-inf, negative finite, +-0, (0, 1], (1, max],
@@ -20,8 +20,8 @@ finite q, k and v, so `live_keys` proves it by abstract interpretation of the ro
 An element is dead when P is exactly 0 there and every reduction over the keys reads its
 identity there (-inf for max, 0 for sum): removing dead elements changes no reduction and no
 live element. A query block skips the key tiles after its last tile with a live element.
-Skipping assumes q, k and v are finite, as FlashAttention's causal skipping does: a nan or inf
-in a skipped key can no longer reach the rows before it.
+Skipping assumes the (scaled) scores and v are finite, as FlashAttention's causal skipping
+does: a nan or inf in a skipped key no longer reaches the rows before it.
 """
 
 from __future__ import annotations
