@@ -117,10 +117,7 @@ _TABLES: dict[str, np.ndarray] = {}
 
 def _lookup(name: str, arity: int) -> np.ndarray:
     if name not in _TABLES:
-        if arity == 1:
-            fn = numerics.UNARY[name]
-        else:
-            fn = numerics.BINARY[name]
+        fn = (numerics.UNARY if arity == 1 else numerics.BINARY)[name]
         _TABLES[name] = _table(fn, arity, name in numerics.COMPARISONS)
     return _TABLES[name]
 

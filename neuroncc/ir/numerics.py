@@ -18,15 +18,19 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _ERF_TAYLOR = tuple((-1) ** n / (math.factorial(n) * (2 * n + 1)) for n in range(12))
 
 
+def _horner(x2: np.ndarray, coeffs) -> np.ndarray:
+    """sum_i coeffs[i] x2^i by Horner's rule, in x2's dtype."""
+    poly = np.full_like(x2, coeffs[-1])
+    for c in reversed(coeffs[:-1]):
+        poly *= x2
+        poly += c
+    return poly
+
+
 def _erf_taylor(x64: np.ndarray) -> np.ndarray:
     """erf by its Taylor series, Horner's rule in x^2: 12 terms are exact to double precision
     for |x| < 0.5."""
-    x2 = x64 * x64
-    poly = np.full_like(x64, _ERF_TAYLOR[-1])
-    for c in reversed(_ERF_TAYLOR[:-1]):
-        poly *= x2
-        poly += c
-    return poly * x64 * (2.0 / math.sqrt(math.pi))
+    return _horner(x64 * x64, _ERF_TAYLOR) * x64 * (2.0 / math.sqrt(math.pi))
 
 
 def _erfc_abs(a: np.ndarray) -> np.ndarray:
@@ -53,9 +57,8 @@ def _erfc_abs(a: np.ndarray) -> np.ndarray:
 
 # Eigen's single-precision erf (also XLA's and TVM's): x * alpha(x^2) / beta(x^2) on x clamped
 # to [-4, 4], where erf is +-1 in float32. Coefficients from x^0 up.
-_ERF_ALPHA = tuple(
-    np.float32(c)
-    for c in (
+_ERF_ALPHA = np.array(
+    (
         -1.60960333262415e-02,
         -2.95459980854025e-03,
         -7.34990630326855e-04,
@@ -63,26 +66,19 @@ _ERF_ALPHA = tuple(
         -2.10102402082508e-06,
         2.77068142495902e-08,
         -2.72614225801306e-10,
-    )
+    ),
+    dtype=np.float32,
 )
-_ERF_BETA = tuple(
-    np.float32(c)
-    for c in (
+_ERF_BETA = np.array(
+    (
         -1.42647390514189e-02,
         -7.37332916720468e-03,
         -1.68282697438203e-03,
         -2.13374055278905e-04,
         -1.45660718464996e-05,
-    )
+    ),
+    dtype=np.float32,
 )
-
-
-def _horner(x2: np.ndarray, coeffs: tuple) -> np.ndarray:
-    poly = np.full_like(x2, coeffs[-1])
-    for c in reversed(coeffs[:-1]):
-        poly *= x2
-        poly += c
-    return poly
 
 
 def erf(x: np.ndarray) -> np.ndarray:
