@@ -105,24 +105,28 @@ def _accesses(ins: isa.Instr) -> list[tuple[isa.Operand, bool]]:
 
 
 class _Stack:
-    """A per-partition bump allocator whose allocations are released in LIFO order."""
+    """A per-partition bump allocator whose allocations are released in LIFO order, growing
+    up from byte 0 or down from the capacity (`down`): `ProgramBuilder.kernel` alternates, so
+    two neighbouring kernels that fit side by side use disjoint bytes, and the next kernel's
+    first loads need not wait for the last one's tiles to be read (Note [kernel placement])."""
 
     def __init__(self, mem: str, capacity: int, align: int) -> None:
         self.mem, self.capacity, self.align = mem, capacity, align
-        self.top = 0
+        self.top = 0  # bytes in use, from the growing end
         self.high_water = 0
+        self.down = False
 
     def alloc(self, nbytes: int) -> int:
-        start = -(-self.top // self.align) * self.align
-        end = start + nbytes
-        if end > self.capacity:
+        used = -(-self.top // self.align) * self.align
+        need = used + -(-nbytes // self.align) * self.align if self.down else used + nbytes
+        if need > self.capacity:
             raise CodegenError(
-                f"{self.mem.upper()} overflow: needs {end} bytes per partition, "
+                f"{self.mem.upper()} overflow: needs {need} bytes per partition, "
                 f"the target has {self.capacity}"
             )
-        self.top = end
-        self.high_water = max(self.high_water, end)
-        return start
+        self.top = need
+        self.high_water = max(self.high_water, need)
+        return self.capacity - need if self.down else used
 
 
 class TilePool:
@@ -153,6 +157,7 @@ class ProgramBuilder:
         self._tracker = DepTracker(self.buffers)
         self._sbuf = _Stack("sbuf", target.sbuf_partition_bytes, ALIGN)
         self._psum = _Stack("psum", target.psum_partition_bytes, target.psum_bank_bytes)
+        self._down = False  # the next kernel's allocation direction (Note [kernel placement])
         self._queue = 0
 
     # -- HBM -------------------------------------------------------------------------------
@@ -213,11 +218,19 @@ class ProgramBuilder:
 
     @contextlib.contextmanager
     def kernel(self, name: str) -> Iterator[None]:
+        """Note [kernel placement]: each kernel allocates SBUF and PSUM from the other end than
+        the kernel before it. Tiles are freed when their kernel closes, and the dependency
+        tracker orders a reuse of bytes after their last access; where the two kernels fit
+        side by side no byte is reused, and the new kernel's loads run while the old one
+        finishes."""
         sbuf_top, psum_top, start = self._sbuf.top, self._psum.top, len(self.instructions)
+        self._sbuf.down = self._psum.down = self._down
         try:
             yield
         finally:
             self._sbuf.top, self._psum.top = sbuf_top, psum_top
+        if len(self.instructions) > start:  # an empty kernel (a folded view) takes no bytes
+            self._down = not self._down
         self.kernels.append(Kernel(name, start, len(self.instructions)))
 
     # -- instructions ------------------------------------------------------------------------

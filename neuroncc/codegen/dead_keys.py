@@ -20,6 +20,9 @@ finite scores and values, so `live_keys` proves it by abstract interpretation of
 An element is dead when P is exactly 0 there and every reduction over the keys reads its
 identity there (-inf for max, 0 for sum): removing dead elements changes no reduction and no
 live element. A query block skips the key tiles after its last tile with a live element.
+The same facts settle selects whose condition is one value everywhere (the safe softmax's
+`where(row fully masked, 0, P)` when every row keeps a key): the kernel takes the branch
+without computing the select (`KeyFacts.settled`).
 Skipping assumes the (scaled) scores and v are finite, as FlashAttention's causal skipping
 does: a nan or inf in a skipped key no longer reaches the rows before it.
 """
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -133,6 +137,7 @@ class _Abstract:
         self.row_one: dict[int, np.ndarray] = {}  # exp of that: rows holding a 1
         # (reduce input's code, its shape, the reduction's identity code)
         self.identity_needed: list[tuple[np.ndarray, tuple[int, ...], int]] = []
+        self.settled: dict[int, int] = {}  # where(c, a, b) with c the same everywhere -> a or b
 
     def run(self, n: Node) -> None:
         out, ins = n.out, [self.codes[v.id] for v in n.inputs]
@@ -164,6 +169,8 @@ class _Abstract:
             surely = (LO[cond] == P1) & (HI[cond] == P1) & ~NAN[cond]
             never = (HI[cond] == Z) & ~NAN[cond]
             code = np.where(surely, a, np.where(never, b, _union(a, b)))
+            if surely.all() or never.all():
+                self.settled[out.id] = n.inputs[1 if surely.all() else 2].id
         elif kind is Kind.CAST:
             code = self._cast(out.type.dtype, ins[0])
         elif n.op in (Op.REDUCE_MAX, Op.REDUCE_SUM, Op.REDUCE_MIN):
@@ -268,7 +275,15 @@ def _rows(x: np.ndarray, shape: tuple[int, ...], m: int, n: int) -> np.ndarray:
     return np.broadcast_to(x, shape).reshape(-1, m, n)
 
 
-def live_keys(
+@dataclass(frozen=True)
+class KeyFacts:
+    """What the abstract interpretation of a row group proved."""
+
+    live: tuple[int, ...] | None  # keys each query block must compute; None: all of them
+    settled: dict[int, int]  # where(c, a, b) whose c is the same everywhere -> a's or b's id
+
+
+def analyse(
     g: Graph,
     rows: Sequence[Node],
     given: Sequence[int],
@@ -277,10 +292,10 @@ def live_keys(
     m: int,
     n: int,
     tile: int,
-) -> tuple[int, ...] | None:
+) -> KeyFacts:
     """For each query block (batch, first row, rows), how many leading keys the attention
-    kernel must compute (a multiple of `tile`, at least one tile); None if every block needs
-    all n. `rows` is the row group on [batch x m, n] rows, `given` the scores' ids as it reads
+    kernel must compute (a multiple of `tile`, at least one tile; None if every block needs
+    all n), and the selects the row group need not compute. `rows` is the row group on [batch x m, n] rows, `given` the scores' ids as it reads
     them, `p_id` P."""
     producers = g.producers()
     inside = {x.out.id for x in rows}
@@ -314,4 +329,4 @@ def live_keys(
         alive = ~padded.reshape(rp, key_tiles, tile).all(axis=(0, 2))
         last = int(np.flatnonzero(alive)[-1]) + 1 if alive.any() else 1
         live.append(min(n, last * tile))
-    return tuple(live) if any(x < n for x in live) else None
+    return KeyFacts(tuple(live) if any(x < n for x in live) else None, a.settled)

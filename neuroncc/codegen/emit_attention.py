@@ -16,6 +16,9 @@ them in place (Note [attention operands]); per block of 128 query rows it
   bank.
 Key tiles that a constant mask (a causal one) makes irrelevant to a query block are skipped:
 no scores, no row group columns, no P V for them (Note [dead keys], codegen/dead_keys.py).
+Where P is then `e / s` for the row sum s (the safe-softmax select settled), the row group
+stops at e and the output rows are scaled by 1 / s as they leave PSUM, FlashAttention's
+deferred normalisation: one pass over the scores fewer (`with_key_facts`).
 The blocks are software-pipelined (Note [attention pipeline]). A whole key row must fit in SBUF
 and a block's scores in the PSUM banks (`attention_plan` checks: up to 3072 keys); longer rows,
 head dimensions over 128 and targets without an exact TensorE transpose (P would have to
@@ -62,6 +65,9 @@ class AttentionPlan:
     unit: int = 1  # 128-row query blocks per pipeline step (Note [attention pipeline])
     evac: tuple[str, float] | None = None  # (op, constant) applied as the scores leave PSUM
     live: tuple[int, ...] | None = None  # keys computed per query block (Note [dead keys])
+    aliases: tuple[tuple[int, int], ...] = ()  # row values taken as an input (RowKernel)
+    # (the division P was, the row value it divided by): the output rows are divided instead
+    deferred: tuple[int, int] | None = None
 
     @property
     def chunks(self) -> int:
@@ -192,7 +198,8 @@ def _kernel_bytes(ap: AttentionPlan) -> int:
     blocks = 2 * ap.d * qd + u * (
         2 * ap.d * qd + 3 * P * qd + 3 * ap.n * sd + 2 * key_tiles * P * pd
     )
-    return kv + blocks + 2 * u * ap.dv * od + 2 * P * (max(qd, pd) + 4)
+    inverses = 4 * u * 64  # 1 / row sum of the steps in flight (`deferred`)
+    return kv + blocks + 2 * u * ap.dv * od + 2 * P * (max(qd, pd) + 4) + inverses
 
 
 def _heads_alive(ap: AttentionPlan) -> int:
@@ -209,20 +216,48 @@ def query_blocks(ap: AttentionPlan) -> list[Block]:
     return [(bi, r0, min(P, ap.m - r0)) for bi in range(ap.batch) for r0 in range(0, ap.m, P)]
 
 
-def with_live_keys(g: Graph, ap: AttentionPlan) -> AttentionPlan:
-    """ap with the keys each query block must compute (Note [dead keys]), where the row group
-    proves the others irrelevant and writes no full row outside the kernel (P included)."""
+def with_key_facts(g: Graph, ap: AttentionPlan) -> AttentionPlan:
+    """ap refined by what the row group proves (Note [dead keys]): the keys each query block
+    must compute, where no full row of the group is read outside the kernel (P included);
+    selects whose condition is known, taken as the branch they pick; and, where P is then
+    `e / s` for a row sum s, the division moved to the output rows (`deferred`)."""
     users, outputs = g.users(), {v.id for v in g.outputs}
     inside = {ap.scores.out.id, ap.out.out.id, *(x.out.id for x in ap.rows), *ap.p_chain}
-    for x in ap.rows:
-        wide = x.out.type.shape[-1:] == (ap.n,)
-        read_outside = x.out.id in outputs or any(u.out.id not in inside for u in users[x.out.id])
-        if wide and read_outside:
-            return ap
-    live = dead_keys.live_keys(
-        g, ap.rows, sorted(ap.given), ap.p_id, query_blocks(ap), ap.m, ap.n, P
+
+    def read_outside(vid: int) -> bool:
+        return vid in outputs or any(u.out.id not in inside for u in users[vid])
+
+    wide_outside = any(x.out.type.shape[-1:] == (ap.n,) and read_outside(x.out.id) for x in ap.rows)
+    blocks = query_blocks(ap)
+    facts = dead_keys.analyse(g, ap.rows, sorted(ap.given), ap.p_id, blocks, ap.m, ap.n, P)
+    aliases = dict(facts.settled)
+    # P through the selects it is taken as: e / s, with s one value per row?
+    chain, vid = [ap.p_id], ap.p_id
+    while vid in aliases:
+        vid = aliases[vid]
+        chain.append(vid)
+    node = next((x for x in ap.rows if x.out.id == vid), None)
+    deferred = None
+    if _divides_by_row(node, ap.rows) and not any(read_outside(v) for v in (*chain, *ap.p_chain)):
+        aliases[node.out.id] = node.inputs[0].id
+        deferred = (node.out.id, node.inputs[1].id)
+    return replace(
+        ap,
+        live=None if wide_outside else facts.live,
+        aliases=tuple(sorted(aliases.items())),
+        deferred=deferred,
     )
-    return replace(ap, live=live)
+
+
+def _divides_by_row(node: Node | None, rows: Sequence[Node]) -> bool:
+    """node = a / s with s one value per row (broadcast over it)."""
+    if node is None or node.op is not Op.DIV:
+        return False
+    s = node.inputs[1]
+    divisor = next((x for x in rows if x.out.id == s.id), None)
+    if divisor is not None and divisor.op is Op.BROADCAST:
+        s = divisor.inputs[0]
+    return s.type.shape[-1:] == (1,) and s.type.dtype is DType.F32
 
 
 def attention_plans(g: Graph, t: Target) -> dict[int, AttentionPlan | None]:
@@ -304,16 +339,6 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
     # Qᵀ already in HBM (a transpose folded into its matmul readers): load it as it is
     folded = ctx.transposed_view.get(q.id) if q.id not in ctx.views else None
     inside = frozenset({ap.scores.out.id, ap.out.out.id, *ap.s_ids, *ap.p_chain})
-    row = RowKernel(
-        ctx,
-        ap.rows,
-        ap.row_plan,
-        n,
-        n,
-        inside=inside,
-        reserve=_kernel_bytes(ap),
-        rounds=ap.row_rounds,
-    )
     key_tiles = [(k0, min(P, n - k0)) for k0 in range(0, n, P)]
     chunks = [(c0, min(nf, n - c0)) for c0 in range(0, n, nf)]
     s_banks, t_banks = _psum_banks(ap, t)
@@ -332,6 +357,23 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
     s_pool = b.sbuf_pool(n * sdt.itemsize, bufs=3 * u)
     pt_pool = b.sbuf_pool(P * pdt.itemsize, bufs=2 * u * len(key_tiles))
     o_pool = b.sbuf_pool(dv * odt.itemsize, bufs=2 * u)
+    inv_pool = b.sbuf_pool(64, bufs=4 * u)
+    # The row group's pools last: nearest the previous kernel's tiles (Note [kernel
+    # placement]), as the row group is the last phase to start.
+    row = RowKernel(
+        ctx,
+        ap.rows,
+        ap.row_plan,
+        n,
+        n,
+        inside=inside,
+        reserve=_kernel_bytes(ap),
+        rounds=ap.row_rounds,
+        aliases=dict(ap.aliases),
+    )
+    # P is e / s computed as e, the output rows divided by s (FlashAttention's deferred
+    # normalisation), where the row kernel takes the division as its numerator's tile.
+    deferred = ap.deferred if ap.deferred and ap.deferred[0] in row.aliased else None
     blocks = query_blocks(ap)
     keys = dict(zip(blocks, ap.live or [n] * len(blocks), strict=True))  # Note [dead keys]
     steps = [blocks[i : i + u] for i in range(0, len(blocks), u)]
@@ -342,6 +384,7 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
     s_sb: dict[Block, isa.TileRef] = {}
     ps: dict[Block, isa.TileRef] = {}
     pts: dict[Block, list[isa.TileRef]] = {}
+    inverses: dict[Block, isa.TileRef] = {}
 
     def head(bi: int) -> tuple[isa.TileRef, list[isa.TileRef]]:
         """Kᵀ [D, N] and V's key tiles of batch bi, loaded once."""
@@ -407,6 +450,10 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
         ]
         for blk, tiles in zip(step, row.steps(specs), strict=True):
             ps[blk] = tiles[ap.p_id]
+            if deferred is not None:
+                inverses[blk] = inv = inv_pool.tile(blk[2], (1,), DType.F32)
+                src = tiles[deferred[1]]
+                b.emit(isa.Activation("act", func="reciprocal", dst=inv, src=src))
 
     def transpose_probs(blk: Block) -> None:
         p_tile, rp = ps.pop(blk), blk[2]
@@ -423,7 +470,11 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
         for i, (pt, vt) in enumerate(zip(p_tiles, vs, strict=True)):
             b.emit(isa.Matmul("pe", dst=o_ps, stationary=pt, moving=vt, accumulate=i > 0))
         ot = o_pool.tile(rp, (dv,), odt)
-        b.emit(isa.TensorCopy(transpose_p.evacuation_engine(), dst=ot, src=o_ps))
+        engine = transpose_p.evacuation_engine()
+        if blk in inverses:  # ScalarE or VectorE: a per-partition scale
+            b.emit(isa.TensorTensor(engine, op="mul", dst=ot, a=o_ps, b=inverses.pop(blk)))
+        else:
+            b.emit(isa.TensorCopy(engine, dst=ot, src=o_ps))
         b.dma(rect(out, odt, bi * m * dv + r0 * dv, dv, rp, dv), ot)
 
     def each(phase):

@@ -7,7 +7,7 @@ the engines.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from neuroncc.codegen import costs, isa
@@ -61,10 +61,14 @@ class RowKernel:
         inside: frozenset[int] = frozenset(),
         reserve: int = 0,
         rounds: int | None = None,
+        aliases: Mapping[int, int] | None = None,
     ) -> None:
         """`inside`: values the enclosing kernel makes beside `nodes` (a value only they read
         stays on chip); `reserve`: SBUF bytes per partition the enclosing kernel keeps;
-        `rounds`: steps whose tiles coexist, if the enclosing kernel needs more than two."""
+        `rounds`: steps whose tiles coexist, if the enclosing kernel needs more than two;
+        `aliases`: value id -> the input it may be taken as, without an instruction (a select
+        whose condition is known, Note [dead keys]); honoured where the value would be written
+        over that input anyway (`aliased`)."""
         b = ctx.b
         self.ctx, self.nodes, self.p = ctx, nodes, p
         defined = {n.out.id for n in nodes}
@@ -78,6 +82,7 @@ class RowKernel:
         ]
         for v in self.escaping:
             ctx.alloc(v)
+        self.aliased: dict[int, int] = {}
         if p.rows == 0 or p.cols == 0:
             return
         itemsize = max(v.type.dtype.itemsize for n in nodes for v in (*n.inputs, n.out))
@@ -88,6 +93,9 @@ class RowKernel:
         planned = _as_computed(nodes, self.act_reduce)
         self.slots = assign_slots(planned, p)
         self.in_place = in_place_results(planned, p)
+        self.aliased = {
+            out: src for out, src in (aliases or {}).items() if self.in_place.get(out) == src
+        }
         # Pools hold two or three rounds of what one step allocates, so step i+1 loads while
         # step i computes and no value is overwritten while live.
         rounds = rounds or rounds_in_flight(nodes, p, ctx.target, reserve)
@@ -354,6 +362,12 @@ def _tile_ops(k: RowKernel, r0: int, rp: int, c0: int, f: int, tiles: dict):
     skip |= {total.out.id for _, total in k.act_reduce.values()}
     for n in nodes:
         c = p.kind[n.out.id]
+        if n.out.id in k.aliased:  # the input's tile, which it would have overwritten
+            src = next(v for v in n.inputs if v.id == k.aliased[n.out.id])
+            tiles[n.out.id] = replace(tile_of(src), dtype=n.out.type.dtype)
+            if n.out.id in escaping_ids:
+                store(n.out, tiles[n.out.id])
+            continue
         if n.out.id in skip:  # made by an activation-reduce
             if n.out.id in tiles and n.out.id in escaping_ids:
                 store(n.out, tiles[n.out.id])

@@ -9,7 +9,7 @@ from neuroncc.codegen.emit_attention import (
     attention_plans,
     emit_attention,
     fold_operand_views,
-    with_live_keys,
+    with_key_facts,
 )
 from neuroncc.codegen.emit_fused import emit_fused
 from neuroncc.codegen.program import Executable
@@ -28,7 +28,7 @@ def emit_graph(g: Graph, target: Target) -> Executable:
     for first, ap in attention_plans(g, target).items():
         if ap is None:
             raise CodegenError("the fuse pass formed an attention group codegen rejects")
-        attention[first] = with_live_keys(g, ap)
+        attention[first] = with_key_facts(g, ap)
     ctx.views, skipped = fold_operand_views(g, list(attention.values()))
     i = 0
     while i < len(nodes):

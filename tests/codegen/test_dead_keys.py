@@ -91,6 +91,28 @@ def test_causal_attention_skips_the_tiles_above_the_diagonal(fresh):
     )
 
 
+def _attention_instructions():
+    return [
+        i
+        for c in STATS.executed().values()
+        for k in c.exe.kernels
+        if k.name.startswith("attention.")
+        for i in c.exe.instructions[k.start : k.stop]
+    ]
+
+
+def test_known_selects_and_the_row_division_leave_the_rows(fresh):
+    """The safe softmax's `where(row fully masked, 0, P)` is never taken when every row keeps a
+    key, and P = e / s then becomes O = (e V) / s: no select and no division over the rows,
+    one reciprocal per block and a scaled PSUM evacuation instead."""
+    qkv = _qkv(heads=1)
+    _run(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), qkv)
+    ins = _attention_instructions()
+    assert not [i for i in ins if i.opcode == "select"]
+    assert not [i for i in ins if i.opcode == "tensor_tensor" and i.op == "div"]
+    assert sum(i.opcode == "activation" and i.func == "reciprocal" for i in ins) == 4
+
+
 def test_masks_from_inputs_and_no_mask_skip_nothing(fresh):
     qkv, mask = _qkv(), torch.ones(512, 512, dtype=torch.bool).tril()
     full = 2 * (4 + 16)

@@ -134,3 +134,25 @@ def test_capacity_errors_name_the_sizes():
         CodegenError, match=r"tensors do not fit in HBM: 32.00 GiB needed .* trn2 has 12 GiB"
     ):
         pb.dram("huge", (8, 2**30), F32)
+
+
+def test_neighbouring_kernels_allocate_from_opposite_ends():
+    """Note [kernel placement]: kernel 2's tiles do not reuse kernel 1's bytes where both fit,
+    so its first load does not wait for kernel 1; an empty kernel changes nothing, and a kernel
+    allocating downwards still has the whole capacity."""
+    pb = ProgramBuilder(TRN2)
+    pb.dram("in0", (4, 8), F32, "input")
+    cap = TRN2.sbuf_partition_bytes
+    src = isa.DramRef("in0", 0, F32, ((8, 4), (1, 8)))
+    offsets = []
+    for name in ("a", "empty", "b", "c"):
+        with pb.kernel(name):
+            if name != "empty":
+                t = pb.sbuf_pool(1024, bufs=2).tile(4, (8,), F32)
+                offsets.append(t.offset)
+                pb.dma(t, src)
+    assert offsets == [0, cap - 2048, 0]
+    b_load = pb.instructions[1]
+    assert not b_load.deps  # a's tile stays where it was: no write-after-read to wait for
+    with pb.kernel("d"):
+        assert pb.sbuf_pool(cap, bufs=1).base == 0
