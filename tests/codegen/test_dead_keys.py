@@ -156,3 +156,24 @@ def test_manual_softmax_attention_with_probabilities_returned(fresh):
     want_out, want_p = fn(*qkv)
     torch.testing.assert_close(out, want_out, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(p, want_p, atol=2e-5, rtol=1e-4)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    seq=st.integers(1, 300),
+    offset=st.integers(-60, 60),
+    window=st.none() | st.integers(0, 200),
+    scale=st.sampled_from([None, 0.05, 3.0]),
+)
+def test_banded_constant_masks_match_eager(seq, offset, window, scale):
+    """Causal masks shifted by `offset` (the first rows fully masked when it is negative), with
+    or without a sliding window: whatever the analysis skips or settles, results are eager's."""
+
+    def fn(q, k, v):
+        rows, cols = torch.arange(seq)[:, None], torch.arange(seq)[None, :]
+        mask = cols <= rows + offset
+        if window is not None:
+            mask = mask & (cols >= rows - window)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+    _run(fn, _qkv(heads=2, seq=seq, d=8))
