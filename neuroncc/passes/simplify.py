@@ -7,11 +7,13 @@ the rules again (`_Emitter.add`), so every node reaches a fixed point.
 Invariant established: no identity reshape/transpose/broadcast/cast/slice, no chains of
 reshapes or transposes, no reshape/broadcast/transpose of a constant, no two nodes computing
 the same op on the same inputs, no dead nodes. Plus two algebraic rules for patterns the SDPA
-decomposition makes (`_any_not_neg_inf`, `_scale_after_matmul`).
+decomposition makes (`_any_not_neg_inf`, `_scale_after_matmul`), and column sums as matmuls
+(`_column_sum`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
@@ -176,6 +178,33 @@ def _scale_after_matmul(n: Node, em: _Emitter) -> Value | None:
     return em.add(Op.MUL, (product, scale), {})
 
 
+def _column_sum(n: Node, em: _Emitter) -> Value | None:
+    """reduce_sum over the leading axes of x, which the lowering writes as a transpose that
+    puts them last (Note [trailing reductions]) -> ones[1, R] @ x[R, C]: a column sum is a
+    contraction over partitions, which TensorE does as it streams x, instead of a transpose
+    kernel and its HBM round trip (a bias or LayerNorm gradient; the transpose, read by a
+    weight-gradient matmul too, then folds into it). Float x only: TensorE accumulates in fp32,
+    rounded once to x's dtype as the reduction is."""
+    if n.op != Op.REDUCE_SUM or n.attr("keepdim"):
+        return None
+    t = em.producers.get(n.inputs[0].id)
+    if t is None or t.op != Op.TRANSPOSE or t.out.type.dtype not in (DType.F32, DType.BF16):
+        return None
+    x, perm, rank = t.inputs[0], tuple(t.attr("perm")), t.out.type.rank
+    axes = tuple(n.attr("axes"))
+    r = len(axes)
+    # reduced: the last r axes of the transpose, x's first r; kept: the rest, in x's order
+    if axes != tuple(range(rank - r, rank)) or perm != (*range(r, rank), *range(r)):
+        return None
+    rows = math.prod(x.type.shape[:r])
+    if rows < 2:
+        return None
+    matrix = em.add(Op.RESHAPE, (x,), {"shape": (rows, x.type.numel // max(rows, 1))})
+    ones = em.add(Op.FULL, (), {"shape": (1, rows), "value": 1.0, "dtype": x.type.dtype})
+    total = em.add(Op.MATMUL, (ones, matrix), {})
+    return em.add(Op.RESHAPE, (total,), {"shape": n.out.type.shape})
+
+
 simplify_rules: list[Rule] = [
     _identity,
     _constant_fold,
@@ -183,6 +212,7 @@ simplify_rules: list[Rule] = [
     _transpose_chain,
     _any_not_neg_inf,
     _scale_after_matmul,
+    _column_sum,
 ]
 
 

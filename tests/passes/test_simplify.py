@@ -125,3 +125,41 @@ def test_constant_scales_move_after_the_matmul():
     assert print_graph(after) == SCALED_MATMUL_AFTER
     inputs = [random_input(v.type) for v in g.inputs]
     np.testing.assert_allclose(interpret(after, inputs)[0], interpret(g, inputs)[0], rtol=1e-6)
+
+
+COLUMN_SUM = """graph @main(%0: f32[4,6,8]) {
+  %1 = transpose %0 {perm=[2,0,1]} : f32[8,4,6]
+  %2 = reduce_sum %1 {axes=[1,2], keepdim=false} : f32[8]
+  %3 = transpose %0 {perm=[1,2,0]} : f32[6,8,4]
+  %4 = reduce_sum %3 {axes=[2], keepdim=false} : f32[6,8]
+  %5 = transpose %0 {perm=[0,2,1]} : f32[4,8,6]
+  %6 = reduce_sum %5 {axes=[2], keepdim=false} : f32[4,8]
+  return %2, %4, %6
+}
+"""
+
+COLUMN_SUM_AFTER = """graph @main(%0: f32[4,6,8]) {
+  %7 = reshape %0 {shape=[24,8]} : f32[24,8]
+  %8 = full {shape=[1,24], value=1.0, dtype=f32} : f32[1,24]
+  %9 = matmul %8, %7 : f32[1,8]
+  %10 = reshape %9 {shape=[8]} : f32[8]
+  %11 = reshape %0 {shape=[4,48]} : f32[4,48]
+  %12 = full {shape=[1,4], value=1.0, dtype=f32} : f32[1,4]
+  %13 = matmul %12, %11 : f32[1,48]
+  %14 = reshape %13 {shape=[6,8]} : f32[6,8]
+  %5 = transpose %0 {perm=[0,2,1]} : f32[4,8,6]
+  %6 = reduce_sum %5 {axes=[2], keepdim=false} : f32[4,8]
+  return %10, %14, %6
+}
+"""
+
+
+def test_sums_over_leading_axes_are_matmuls_with_ones():
+    """The reductions the lowering writes as transpose-then-reduce-last over x's first axes
+    become ones @ x; a reduction over an axis that is not leading stays as it is."""
+    g = parse(COLUMN_SUM)
+    after = Simplify().run(g, CTX)
+    assert print_graph(after) == COLUMN_SUM_AFTER
+    inputs = [random_input(v.type) for v in g.inputs]
+    for got, want in zip(interpret(after, inputs), interpret(g, inputs), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
