@@ -92,9 +92,9 @@ def _category_results(fn, args: Sequence[int]) -> tuple[int, int, bool]:
     return int(LO[cats][ok].min()), int(HI[cats][ok].max()), bool(NAN[cats].any())
 
 
-def _table(fn, arity: int, compare: bool) -> np.ndarray:
+def _table(fn, arity: int, boolean: bool) -> np.ndarray:
     """code (, code) -> code of fn's result: the union over the categories in the operands'
-    intervals. A nan operand gives nan, or for a comparison either truth value."""
+    intervals. A nan operand gives nan, or for a comparison or logical op either truth value."""
     lo, hi, nan = (np.zeros((_N,) * arity, dtype=t) for t in (int, int, bool))
     for cats in np.ndindex(*lo.shape):
         lo[cats], hi[cats], nan[cats] = _category_results(fn, cats)
@@ -105,7 +105,7 @@ def _table(fn, arity: int, compare: bool) -> np.ndarray:
         box = tuple(slice(LO[c], HI[c] + 1) for c in codes)
         r_lo, r_hi, r_nan = lo[box].min(), hi[box].max(), nan[box].any()
         if any(NAN[c] for c in codes):
-            if compare:
+            if boolean:
                 r_lo, r_hi = min(r_lo, Z), max(r_hi, P1)
             else:
                 r_nan = True
@@ -122,7 +122,8 @@ _TABLES: dict[str, np.ndarray] = {}
 def _lookup(name: str, arity: int) -> np.ndarray:
     if name not in _TABLES:
         fn = (numerics.UNARY if arity == 1 else numerics.BINARY)[name]
-        _TABLES[name] = _table(fn, arity, name in numerics.COMPARISONS)
+        boolean = name in numerics.COMPARISONS or name in ("and", "or")
+        _TABLES[name] = _table(fn, arity, boolean)
     return _TABLES[name]
 
 
