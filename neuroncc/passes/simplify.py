@@ -7,8 +7,8 @@ the rules again (`_Emitter.add`), so every node reaches a fixed point.
 Invariant established: no identity reshape/transpose/broadcast/cast/slice, no chains of
 reshapes or transposes, no reshape/broadcast/transpose of a constant, no two nodes computing
 the same op on the same inputs, no dead nodes. Plus two algebraic rules for patterns the SDPA
-decomposition makes (`_any_not_neg_inf`, `_scale_after_matmul`), and column sums as matmuls
-(`_column_sum`).
+decomposition makes (`_any_not_neg_inf`, `_scale_after_matmul`), column sums as matmuls (`_column_sum`),
+and two for the causal mask (`_logical_unit`, `_compare_difference`).
 """
 
 from __future__ import annotations
@@ -205,6 +205,76 @@ def _column_sum(n: Node, em: _Emitter) -> Value | None:
     return em.add(Op.RESHAPE, (total,), {"shape": n.out.type.shape})
 
 
+def _select_constants_late(n: Node, em: _Emitter) -> Value | None:
+    """reshape/broadcast(where(c, a, b)) -> where(reshape/broadcast(c), a', b') for constants
+    a, b: an additive mask is made from its bool condition, and the kernel that reads the mask
+    (for every head, in attention) then reads one byte per element instead of four."""
+    if n.op not in (Op.RESHAPE, Op.BROADCAST):
+        return None
+    sel = em.producers.get(n.inputs[0].id)
+    if sel is None or sel.op != Op.WHERE:
+        return None
+    c, a, b = sel.inputs
+    values = _full_value(em, a), _full_value(em, b)
+    if None in values or c.type.shape != sel.out.type.shape:
+        return None
+    t = n.out.type
+    cond = em.add(n.op, (c,), {"shape": t.shape})
+    a2, b2 = (em.add(Op.FULL, (), {"shape": t.shape, "value": v, "dtype": t.dtype}) for v in values)
+    return em.add(Op.WHERE, (cond, a2, b2), {})
+
+
+def _logical_unit(n: Node, em: _Emitter) -> Value | None:
+    """and(x, true) -> x, or(x, false) -> x for a bool x of the result's shape: the causal mask
+    of SDPA is tril(ones) & (i >= j), its ones a 4-byte-per-element memset of their own."""
+    if n.op not in (Op.AND, Op.OR):
+        return None
+    unit = n.op == Op.AND
+    for x, c in (n.inputs, n.inputs[::-1]):
+        value = _full_value(em, c)
+        if value is not None and (value != 0) == unit and x.type == n.out.type:
+            return x
+    return None
+
+
+def _int_range(em: _Emitter, v: Value) -> tuple[int, int] | None:
+    """Bounds of an integer value built from iota and constants by reshapes and broadcasts."""
+    node = em.producers.get(v.id)
+    while node is not None and node.op in (Op.RESHAPE, Op.BROADCAST):
+        node = em.producers.get(node.inputs[0].id)
+    if node is None or not v.type.dtype.is_int:
+        return None
+    if node.op == Op.FULL:
+        return int(node.attr("value")), int(node.attr("value"))
+    if node.op == Op.IOTA and node.attr("n") > 0:
+        ends = node.attr("start"), node.attr("start") + node.attr("step") * (node.attr("n") - 1)
+        return min(ends), max(ends)
+    return None
+
+
+_COMPARES = (Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE)
+
+
+def _compare_difference(n: Node, em: _Emitter) -> Value | None:
+    """(a - b) <op> 0 -> a <op> b for integers that cannot overflow (index arithmetic: the
+    causal mask compares key minus query index with 0), one pass over the elements fewer."""
+    if n.op not in _COMPARES or _full_value(em, n.inputs[1]) != 0:
+        return None
+    d = em.producers.get(n.inputs[0].id)
+    if d is None or d.op != Op.SUB or not d.out.type.dtype.is_int or d.out.type.dtype == DType.U8:
+        return None
+    limit = 2 ** (8 * d.out.type.dtype.itemsize - 2)  # |a|, |b| below it: a - b is exact
+    bounds = [_int_range(em, x) for x in d.inputs]
+    if any(b is None or max(abs(b[0]), abs(b[1])) >= limit for b in bounds):
+        return None
+    a, b = d.inputs
+    if a.type != d.out.type:
+        a = em.add(Op.BROADCAST, (a,), {"shape": d.out.type.shape})
+    if b.type != d.out.type:
+        b = em.add(Op.BROADCAST, (b,), {"shape": d.out.type.shape})
+    return em.add(n.op, (a, b), {})
+
+
 simplify_rules: list[Rule] = [
     _identity,
     _constant_fold,
@@ -213,6 +283,9 @@ simplify_rules: list[Rule] = [
     _any_not_neg_inf,
     _scale_after_matmul,
     _column_sum,
+    _logical_unit,
+    _compare_difference,
+    _select_constants_late,
 ]
 
 

@@ -163,3 +163,78 @@ def test_sums_over_leading_axes_are_matmuls_with_ones():
     inputs = [random_input(v.type) for v in g.inputs]
     for got, want in zip(interpret(after, inputs), interpret(g, inputs), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+CAUSAL_MASK = """graph @main(%0: f32[2,4,4]) {
+  %1 = full {shape=[4,4], value=1, dtype=bool} : bool[4,4]
+  %2 = iota {n=4, start=0, step=1, dtype=i64} : i64[4]
+  %3 = reshape %2 {shape=[1,4]} : i64[1,4]
+  %4 = reshape %2 {shape=[4,1]} : i64[4,1]
+  %5 = broadcast %3 {shape=[4,4]} : i64[4,4]
+  %6 = broadcast %4 {shape=[4,4]} : i64[4,4]
+  %7 = sub %5, %6 : i64[4,4]
+  %8 = full {shape=[4,4], value=0, dtype=i64} : i64[4,4]
+  %9 = le %7, %8 : bool[4,4]
+  %10 = and %9, %1 : bool[4,4]
+  %11 = full {shape=[4,4], value=0.0, dtype=f32} : f32[4,4]
+  %12 = full {shape=[4,4], value=-inf, dtype=f32} : f32[4,4]
+  %13 = where %10, %11, %12 : f32[4,4]
+  %14 = reshape %13 {shape=[1,4,4]} : f32[1,4,4]
+  %15 = broadcast %14 {shape=[2,4,4]} : f32[2,4,4]
+  %16 = add %0, %15 : f32[2,4,4]
+  return %16
+}
+"""
+
+CAUSAL_MASK_AFTER = """graph @main(%0: f32[2,4,4]) {
+  %2 = iota {n=4, start=0, step=1, dtype=i64} : i64[4]
+  %3 = reshape %2 {shape=[1,4]} : i64[1,4]
+  %4 = reshape %2 {shape=[4,1]} : i64[4,1]
+  %5 = broadcast %3 {shape=[4,4]} : i64[4,4]
+  %6 = broadcast %4 {shape=[4,4]} : i64[4,4]
+  %17 = le %5, %6 : bool[4,4]
+  %18 = reshape %17 {shape=[1,4,4]} : bool[1,4,4]
+  %22 = broadcast %18 {shape=[2,4,4]} : bool[2,4,4]
+  %23 = full {shape=[2,4,4], value=0.0, dtype=f32} : f32[2,4,4]
+  %24 = full {shape=[2,4,4], value=-inf, dtype=f32} : f32[2,4,4]
+  %25 = where %22, %23, %24 : f32[2,4,4]
+  %16 = add %0, %25 : f32[2,4,4]
+  return %16
+}
+"""
+
+
+def test_causal_mask_is_one_compare_and_a_select_where_it_is_read():
+    """SDPA's mask tril(ones) & (j - i <= 0) becomes j <= i, and the additive mask is selected
+    after the broadcast over heads, so the kernel reading it reads the bool condition."""
+    g = parse(CAUSAL_MASK)
+    after = Simplify().run(g, CTX)
+    assert print_graph(after) == CAUSAL_MASK_AFTER
+    x = random_input(g.inputs[0].type)
+    np.testing.assert_array_equal(interpret(after, [x])[0], interpret(g, [x])[0])
+
+
+MASK_LOOKALIKES = """graph @main(%0: bool[4], %1: u8[4], %2: u8[4]) {
+  %4 = full {shape=[4], value=0, dtype=bool} : bool[4]
+  %5 = and %0, %4 : bool[4]
+  %6 = sub %1, %2 : u8[4]
+  %7 = full {shape=[4], value=0, dtype=u8} : u8[4]
+  %8 = le %6, %7 : bool[4]
+  %3 = iota {n=4, start=0, step=1, dtype=i32} : i32[4]
+  %9 = iota {n=4, start=2147483000, step=1, dtype=i32} : i32[4]
+  %10 = sub %9, %3 : i32[4]
+  %11 = full {shape=[4], value=0, dtype=i32} : i32[4]
+  %12 = lt %10, %11 : bool[4]
+  %13 = where %0, %1, %7 : u8[4]
+  %14 = reshape %13 {shape=[2,2]} : u8[2,2]
+  return %5, %8, %12, %14
+}
+"""
+
+
+def test_mask_rules_leave_what_they_cannot_prove():
+    """and with false is not x; unsigned or unbounded differences may wrap; a select of a value
+    that is not constant stays before its reshape."""
+    g = parse(MASK_LOOKALIKES)
+    after = Simplify().run(g, CTX)
+    assert [n.op for n in after.nodes] == [n.op for n in g.nodes]
