@@ -370,6 +370,7 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
         reserve=_kernel_bytes(ap),
         rounds=ap.row_rounds,
         aliases=dict(ap.aliases),
+        keep=(ap.deferred[1],) if ap.deferred else (),
     )
     # P is e / s computed as e, the output rows divided by s (FlashAttention's deferred
     # normalisation), where the row kernel takes the division as its numerator's tile.

@@ -62,13 +62,15 @@ class RowKernel:
         reserve: int = 0,
         rounds: int | None = None,
         aliases: Mapping[int, int] | None = None,
+        keep: Sequence[int] = (),
     ) -> None:
         """`inside`: values the enclosing kernel makes beside `nodes` (a value only they read
         stays on chip); `reserve`: SBUF bytes per partition the enclosing kernel keeps;
         `rounds`: steps whose tiles coexist, if the enclosing kernel needs more than two;
         `aliases`: value id -> the input it may be taken as, without an instruction (a select
         whose condition is known, Note [dead keys]); honoured where the value would be written
-        over that input anyway (`aliased`)."""
+        over that input anyway (`aliased`), and then what only the other inputs needed is not
+        computed (`dead`; `keep`: values the enclosing kernel reads from the step's tiles)."""
         b = ctx.b
         self.ctx, self.nodes, self.p = ctx, nodes, p
         defined = {n.out.id for n in nodes}
@@ -96,6 +98,9 @@ class RowKernel:
         self.aliased = {
             out: src for out, src in (aliases or {}).items() if self.in_place.get(out) == src
         }
+        read_outside = {n.out.id for n in nodes if any(u.out.id in inside for u in users[n.out.id])}
+        roots = escaping_ids | read_outside | set(keep)
+        self.dead = _unread(nodes, roots, self.aliased, self.act_reduce) if self.aliased else set()
         # Pools hold two or three rounds of what one step allocates, so step i+1 loads while
         # step i computes and no value is overwritten while live.
         rounds = rounds or rounds_in_flight(nodes, p, ctx.target, reserve)
@@ -238,6 +243,24 @@ def _activation_reduces(
     return found
 
 
+def _unread(nodes: Sequence[Node], roots: set[int], aliased: dict, act_reduce: dict) -> set[int]:
+    """Nodes that no root needs once each aliased value is taken as its input: the condition of
+    a select the row facts settle. `roots`: the values read from outside the nodes."""
+    need = set(roots)
+    made_by = {total.out.id: exp for exp, (_, total) in act_reduce.items()}
+    for n in reversed(nodes):
+        vid = n.out.id
+        if vid not in need:
+            continue
+        if vid in aliased:
+            need.add(aliased[vid])
+        elif vid in made_by:
+            need.add(made_by[vid])
+        else:
+            need.update(v.id for v in (act_reduce.get(vid, (n,))[0]).inputs)
+    return {n.out.id for n in nodes} - need
+
+
 def _as_computed(nodes: Sequence[Node], act_reduce: dict) -> list[Node]:
     """The group as emitted with activation-reduces: the subtraction gone, the activation
     reading x and the row value (for buffer planning: what is live when)."""
@@ -361,6 +384,8 @@ def _tile_ops(k: RowKernel, r0: int, rp: int, c0: int, f: int, tiles: dict):
     skip = {diff.out.id for diff, _ in k.act_reduce.values()}
     skip |= {total.out.id for _, total in k.act_reduce.values()}
     for n in nodes:
+        if n.out.id in k.dead:
+            continue
         c = p.kind[n.out.id]
         if n.out.id in k.aliased:  # the input's tile, which it would have overwritten
             src = next(v for v in n.inputs if v.id == k.aliased[n.out.id])

@@ -104,8 +104,8 @@ def _attention_instructions():
 
 def test_known_selects_and_the_row_division_leave_the_rows(fresh):
     """The safe softmax's `where(row fully masked, 0, P)` is never taken when every row keeps a
-    key, and P = e / s then becomes O = (e V) / s: no division over the rows, one reciprocal
-    per block and a scaled PSUM evacuation instead."""
+    key (nor its condition computed), and P = e / s then becomes O = (e V) / s: no division
+    over the rows, one reciprocal per block and a scaled PSUM evacuation instead."""
     qkv = _qkv(heads=1)
     _run(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), qkv)
     ins = _attention_instructions()
@@ -113,6 +113,8 @@ def test_known_selects_and_the_row_division_leave_the_rows(fresh):
     assert sum(i.opcode == "select" for i in ins) == 4
     assert not [i for i in ins if i.opcode == "tensor_tensor" and i.op == "div"]
     assert sum(i.opcode == "activation" and i.func == "reciprocal" for i in ins) == 4
+    # nor is the settled select's condition (row max != -inf) computed
+    assert not [i for i in ins if getattr(i, "op", None) in ("ne", "gt")]
 
 
 def test_masks_from_inputs_and_no_mask_skip_nothing(fresh):
