@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from neuroncc.codegen import isa
 from neuroncc.codegen.program import Executable
@@ -22,6 +21,7 @@ from neuroncc.errors import SimulationError
 # simulation).
 _ON_CHIP = threading.local()
 KEPT_HBM_BYTES = 512 * 2**20
+KEPT_VIEW_EXECUTABLES = 8
 
 
 def _on_chip(shape: tuple[int, int]) -> np.ndarray:
@@ -33,6 +33,21 @@ def _on_chip(shape: tuple[int, int]) -> np.ndarray:
     return a
 
 
+def _kept_views(exe: Executable, arrays: tuple[np.ndarray, ...]) -> dict:
+    """Operand views of exe onto these arrays, kept from its last runs on this thread: a view
+    onto the same bytes stays valid run after run, and making one costs more than most
+    instructions' arithmetic. Keyed by the operand object (held, so its id stays its own)."""
+    cache = _ON_CHIP.__dict__.setdefault("views", {})  # oldest first
+    key = (id(exe), *(a.__array_interface__["data"][0] for a in arrays))
+    entry = cache.pop(key, None)
+    if entry is None or entry[0] is not exe:
+        entry = (exe, {})
+    cache[key] = entry
+    while len(cache) > KEPT_VIEW_EXECUTABLES:
+        del cache[next(iter(cache))]
+    return entry[1]
+
+
 def _hbm(nbytes: int) -> np.ndarray:
     """Zeroed HBM bytes, from this thread's one HBM array (grown when a program needs more,
     up to KEPT_HBM_BYTES): a fresh np.zeros pays a page fault per 4 KiB the program touches,
@@ -41,6 +56,7 @@ def _hbm(nbytes: int) -> np.ndarray:
         return np.zeros(nbytes, np.uint8)
     a = getattr(_ON_CHIP, "hbm", None)
     if a is None or a.size < nbytes:
+        _ON_CHIP.__dict__.get("views", {}).clear()  # they hold the old array
         a = _ON_CHIP.hbm = np.empty(nbytes, np.uint8)
     a = a[:nbytes]
     a.fill(0)
@@ -58,13 +74,19 @@ class Memories:
         self.psum = _on_chip((target.partitions, target.psum_partition_bytes))
         self._buffers = {b.name: b for b in exe.buffers}
         self._tiles: dict[isa.TileRef, np.ndarray] = {}
+        kept = self.hbm.size <= KEPT_HBM_BYTES  # else a fresh HBM array: views die with it
+        self._views = _kept_views(exe, (self.hbm, self.sbuf, self.psum)) if kept else {}
 
     def tile(self, ref: isa.TileRef) -> np.ndarray:
         """The numpy view of a tile, checked once per distinct TileRef (a program names the
-        same tiles over and over)."""
+        same tiles over and over), and kept for the program's next runs."""
+        hit = self._views.get(id(ref))
+        if hit is not None and hit[0] is ref:
+            return hit[1]
         view = self._tiles.get(ref)
         if view is None:
             view = self._tiles[ref] = self._tile(ref)
+        self._views[id(ref)] = (ref, view)
         return view
 
     def _tile(self, ref: isa.TileRef) -> np.ndarray:
@@ -85,6 +107,15 @@ class Memories:
         return raw.view(ref.dtype.numpy).reshape(ref.shape)
 
     def dram(self, ref: isa.DramRef) -> np.ndarray:
+        """The numpy view of an HBM access pattern, checked and kept like a tile's."""
+        hit = self._views.get(id(ref))
+        if hit is not None and hit[0] is ref:
+            return hit[1]
+        view = self._dram(ref)
+        self._views[id(ref)] = (ref, view)
+        return view
+
+    def _dram(self, ref: isa.DramRef) -> np.ndarray:
         buf = self._buffers.get(ref.buffer)
         if buf is None:
             raise SimulationError(f"{ref}: no HBM buffer {ref.buffer!r}")
@@ -95,9 +126,11 @@ class Memories:
         if ref.numel and (lo < 0 or hi > numel):
             raise SimulationError(f"{ref}: elements {lo}..{hi} outside buffer of {numel}")
         itemsize = ref.dtype.itemsize
-        base = self.hbm[buf.offset : buf.offset + buf.nbytes].view(ref.dtype.numpy)
         strides = tuple(s * itemsize for s, _ in ref.dims)
-        return as_strided(base[ref.offset :], shape=ref.shape, strides=strides)
+        offset = buf.offset + ref.offset * itemsize
+        if not ref.numel:
+            offset = 0  # nothing is touched: anywhere in the buffer will do
+        return np.ndarray(ref.shape, ref.dtype.numpy, self.hbm, offset, strides)
 
     def view(self, ref: isa.Operand) -> np.ndarray:
         return self.tile(ref) if isinstance(ref, isa.TileRef) else self.dram(ref)

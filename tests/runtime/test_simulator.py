@@ -51,6 +51,28 @@ def test_correct_dependencies_run():
     np.testing.assert_allclose(y, np.exp(x), rtol=1e-6)
 
 
+def test_kept_views_follow_each_program_and_its_inputs():
+    """Operand views are kept from run to run (memory.Memories): programs that alternate, one
+    that needs more HBM than the kept array holds, and new inputs each run."""
+
+    def program(func, shape):
+        return _io_program(
+            lambda t, t2, s, d: [
+                isa.Dma("q0", dst=t, src=s),
+                isa.Activation("act", func=func, dst=t2, src=t, deps=(0,)),
+                isa.Dma("q1", dst=d, src=t2, deps=(1,)),
+            ],
+            shape,
+        )
+
+    exp, tanh, wide = program("exp", (4, 8)), program("tanh", (4, 8)), program("exp", (128, 64))
+    rng = np.random.default_rng(0)
+    for exe, fn in [(exp, np.exp), (tanh, np.tanh), (wide, np.exp), (exp, np.exp), (tanh, np.tanh)]:
+        x = rng.standard_normal(exe.inputs[0].shape, dtype=np.float32)
+        (y,) = run(exe, [x], TRN2)
+        np.testing.assert_allclose(y, fn(x), rtol=1e-6)
+
+
 def test_missing_read_after_write_dependency_is_a_race():
     exe = _io_program(
         lambda t, t2, s, d: [
