@@ -25,6 +25,7 @@ from neuroncc.ir.types import DType
 
 X_BYTES = 32 * 1024  # per partition, for all of x broadcast (so it is loaded once)
 CHUNK = 2048  # elements of K per multiply
+W_PREFETCH_BYTES = 64 * 1024  # per partition, of W's blocks in flight
 
 
 def gemv_foldable(
@@ -66,7 +67,13 @@ def gemv_ns(u: Node, t: Target) -> float:
 
 
 def emit_gemv(ctx: EmitCtx, n: Node, w_buf: str, epilogue: Sequence[Node]) -> None:
-    """out = x @ W^T for the matmul n whose right operand is W^T, with W [N, K] in `w_buf`."""
+    """out = x @ W^T for the matmul n whose right operand is W^T, with W [N, K] in `w_buf`.
+    W's blocks stream in up to W_PREFETCH_BYTES ahead of the multiplies. The results of up to
+    128 / rows blocks gather in one tile, res[p, j rows + r] = out[r, n0 + j 128 + p], and
+    leave transposed on TensorE, as rows of out (one DMA of 128-element runs, not a 4-byte
+    descriptor per output); trn1, without the exact transpose, stores each block's column."""
+    from neuroncc.codegen.emit_matmul import PeTransposer  # emit_matmul imports this module
+
     b = ctx.b
     x = n.inputs[0]
     k, nn = x.type.shape[-1], n.out.type.shape[-1]
@@ -76,39 +83,53 @@ def emit_gemv(ctx: EmitCtx, n: Node, w_buf: str, epilogue: Sequence[Node]) -> No
     cw = min(k, CHUNK)
     chunks = [(c0, min(cw, k - c0)) for c0 in range(0, k, cw)]
     x_pool = b.sbuf_pool(k * dt.itemsize, bufs=max(rows, 1))
-    w_pool = b.sbuf_pool(cw * dt.itemsize, bufs=4)
+    w_pool = b.sbuf_pool(cw * dt.itemsize, bufs=max(4, W_PREFETCH_BYTES // (cw * dt.itemsize)))
     prod_pool = b.sbuf_pool(cw * 4, bufs=4)
     part_pool = b.sbuf_pool(4, bufs=2)
-    res_pool = b.sbuf_pool(rows * 4, bufs=2)
-    out_pool = b.sbuf_pool(rows * odt.itemsize, bufs=2)
+    on_pe = ctx.target.pe_exact_transpose and 0 < rows <= P
+    group = P // rows if on_pe else 1
+    res_pool = b.sbuf_pool(group * rows * 4, bufs=2)
+    out_pool = b.sbuf_pool(max(P, rows) * odt.itemsize, bufs=2)
+    transpose = PeTransposer(ctx, DType.F32) if on_pe else None
     balance = EngineBalancer(ctx.target)
     xs = []
     for r in range(rows):  # row r of x on every partition
         xt = x_pool.tile(P, (k,), dt)
         b.dma(xt, isa.DramRef(ctx.buf(x), r * k, dt, ((0, P), (1, k))))
         xs.append(xt)
-    for n0 in range(0, nn, P):
-        nt = min(P, nn - n0)
-        res = res_pool.tile(nt, (rows,), DType.F32)
-        for ci, (c0, w) in enumerate(chunks):
-            wt = w_pool.tile(nt, (w,), dt)
-            b.dma(wt, rect(w_buf, dt, n0 * k + c0, k, nt, w))
-            for r, xt in enumerate(xs):
-                prod = prod_pool.tile(nt, (w,), DType.F32)
-                mult = isa.TensorTensor("dve", op="mul", dst=prod, a=wt, b=xt.rows(nt).cols(c0, w))
-                b.emit(balance.place(mult))
-                acc = res.cols(r, 1)
-                if ci == 0:
-                    b.emit(isa.TensorReduce("dve", op="sum", dst=acc, src=prod))
-                    continue
-                part = part_pool.tile(nt, (1,), DType.F32)
-                b.emit(isa.TensorReduce("dve", op="sum", dst=part, src=prod))
-                b.emit(balance.place(isa.TensorTensor("dve", op="add", dst=acc, a=acc, b=part)))
+    whole = [(n0, P) for n0 in range(0, nn - nn % P, P)]
+    groups = [whole[i : i + group] for i in range(0, len(whole), group)]
+    if nn % P:
+        groups.append([(nn - nn % P, nn % P)])
+    for members in groups:
+        nt = members[0][1]
+        res = res_pool.tile(nt, (len(members) * rows,), DType.F32)
+        for j, (n0, _) in enumerate(members):
+            for ci, (c0, w) in enumerate(chunks):
+                wt = w_pool.tile(nt, (w,), dt)
+                b.dma(wt, rect(w_buf, dt, n0 * k + c0, k, nt, w))
+                for r, xt in enumerate(xs):
+                    prod = prod_pool.tile(nt, (w,), DType.F32)
+                    xr = xt.rows(nt).cols(c0, w)
+                    b.emit(balance.place(isa.TensorTensor("dve", op="mul", dst=prod, a=wt, b=xr)))
+                    acc = res.cols(j * rows + r, 1)
+                    if ci == 0:
+                        b.emit(isa.TensorReduce("dve", op="sum", dst=acc, src=prod))
+                        continue
+                    part = part_pool.tile(nt, (1,), DType.F32)
+                    b.emit(isa.TensorReduce("dve", op="sum", dst=part, src=prod))
+                    add = isa.TensorTensor("dve", op="add", dst=acc, a=acc, b=part)
+                    b.emit(balance.place(add))
+        n0, g = members[0][0], len(members)
+        if transpose is not None:
+            rows_out = out_pool.tile(g * rows, (nt,), odt)  # partition j rows + r
+            transpose(rows_out, res)
+            b.dma(isa.DramRef(out, n0, odt, ((P, g), (nn, rows), (1, nt))), rows_out)
+            continue
         if odt != DType.F32:
             cast = out_pool.tile(nt, (rows,), odt)
             b.emit(balance.place(isa.TensorCopy("dve", dst=cast, src=res)))
             res = cast
-        # out[r, n0 + p] = res[p, r]
-        b.dma(isa.DramRef(out, n0, odt, ((1, nt), (nn, rows))), res)
+        b.dma(isa.DramRef(out, n0, odt, ((1, nt), (nn, rows))), res)  # out[r, n0 + p] = res[p, r]
     if epilogue:
         emit_fused(ctx, epilogue)
