@@ -29,8 +29,11 @@ from neuroncc.ir.ops import Kind, Op
 from neuroncc.ir.types import DType
 
 
-def emit_fused(ctx: EmitCtx, nodes: Sequence[Node]) -> None:
-    p = plan(nodes, ctx.target)
+def emit_fused(
+    ctx: EmitCtx, nodes: Sequence[Node], sig: tuple[tuple[int, ...], int] | None = None
+) -> None:
+    """The group `nodes` as one row kernel; `sig` (full shape, k) as for row_plan.plan."""
+    p = plan(nodes, ctx.target, sig)
     if p is None:
         raise AssertionError("the fuse pass formed a group codegen cannot emit")
     itemsize = max(v.type.dtype.itemsize for n in nodes for v in (*n.inputs, n.out))

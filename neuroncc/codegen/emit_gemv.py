@@ -131,5 +131,5 @@ def emit_gemv(ctx: EmitCtx, n: Node, w_buf: str, epilogue: Sequence[Node]) -> No
             b.emit(balance.place(isa.TensorCopy("dve", dst=cast, src=res)))
             res = cast
         b.dma(isa.DramRef(out, n0, odt, ((1, nt), (nn, rows))), res)  # out[r, n0 + p] = res[p, r]
-    if epilogue:
-        emit_fused(ctx, epilogue)
+    if epilogue:  # laid out as the product's rows, as the fuse pass planned it (epilogue_plan)
+        emit_fused(ctx, epilogue, (n.out.type.shape, 1))

@@ -136,6 +136,22 @@ def test_a_decode_step_linear_is_dot_products_with_the_weight_rows(rows, n, k, e
     assert min(d.contiguous_run() for d in stores) >= (n % 128 or 128)  # no 4-byte descriptors
 
 
+BIAS_AFTER = """graph @main(%0: f32[64,64], %1: f32[192,64], %2: f32[192]) {
+  %3 = transpose %1 {perm=[1,0]} : f32[64,192]
+  %4 = matmul %0, %3 : f32[64,192]
+  %5 = reshape %2 {shape=[1,192]} : f32[1,192]
+  %6 = broadcast %5 {shape=[64,192]} : f32[64,192]
+  %7 = add %4, %6 : f32[64,192]
+  return %7
+}"""
+
+
+def test_dot_products_then_an_epilogue_that_starts_with_the_bias():
+    """The epilogue runs after the dot products as a kernel of its own, laid out as the
+    product's rows, not as its first node's [1, 192]."""
+    _compiled_exactly(parse(BIAS_AFTER), layout="dot")
+
+
 def test_dot_products_in_bf16():
     _compiled_exactly(_linear(2, 256, 200, "bf16", epilogue=True), layout="dot", tol=1e-2)
 
