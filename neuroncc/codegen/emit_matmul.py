@@ -166,8 +166,8 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
         out = ctx.alloc(n.out)
         if m and nn:
             _emit_zero_or_simple(ctx, n, a_buf, b_buf, out, folded is not None, w_buf is not None)
-        if epilogue:
-            emit_fused(ctx, epilogue)
+        if epilogue:  # laid out as the product's rows, as the fuse pass planned it
+            emit_fused(ctx, epilogue, (n.out.type.shape, 1))
         return
     group = {e.out.id for e in epilogue}
     escapes = not epilogue or n.out.id in {v.id for v in ctx.graph.outputs}
@@ -218,55 +218,71 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
                 b.dma(chunks[j], src)
             transpose(at_slots[ki].cols(j * P, mt), chunks[j].cols(k0 - c0, min(P, k - k0)))
 
+    def load_b(step: tuple, ki: int) -> isa.TileRef:
+        """B's [kt, width] tile ki of a step: loaded, or made from W's rows on TensorE."""
+        bi, n0, width = step[1][0], step[2], step[3]
+        k0, kt = ki * P, min(P, k - ki * P)
+        bt = b_pool.tile(kt, (width,), dt)
+        if w_pool is None:
+            b.dma(bt, rect(b_buf, dt, bi * k * nn + k0 * nn + n0, nn, kt, width))
+            return bt
+        for j0 in range(0, width, P):  # B[k0:, n0+j0:] is W[n0+j0:, k0:] transposed
+            jw = min(P, width - j0)
+            wt = w_pool.tile(jw, (kt,), dt)
+            b.dma(wt, rect(b_buf, dt, (n0 + j0) * k + k0, k, jw, kt))
+            transpose(bt.cols(j0, jw), wt)
+        return bt
+
+    # Steps: (block number, block, first column, width) in order. Each step's first B tile is
+    # made before the previous step's results leave PSUM, so its loads and transposes queue
+    # ahead of that epilogue on the engines instead of behind it.
+    steps = [
+        (bnum, block, n0, min(tn * nf, nn - n0))
+        for bnum, block in enumerate(blocks)
+        for n0 in range(0, nn, tn * nf)
+    ]
     for ki in range(kt_n):
         rebuild(blocks[0], ki)
-    for bnum, (bi, mrows) in enumerate(blocks):
-        b_off, o_off = bi * k * nn, bi * m * nn
-        n_starts = list(range(0, nn, tn * nf))
-        for n0 in n_starts:
-            width = min(tn * nf, nn - n0)
-            cols = [(c, min(nf, n0 + width - c)) for c in range(n0, n0 + width, nf)]
-            ps = {
-                (j, c): acc.tile(mt, (w,), DType.F32)
-                for j, (_, mt) in enumerate(mrows)
-                for c, (_, w) in enumerate(cols)
-            }
-            last = n0 == n_starts[-1] and bnum + 1 < len(blocks)
-            for ki in range(kt_n):
-                k0, kt = ki * P, min(P, k - ki * P)
-                bt = b_pool.tile(kt, (width,), dt)
-                if w_pool is None:
-                    b.dma(bt, rect(b_buf, dt, b_off + k0 * nn + n0, nn, kt, width))
-                else:
-                    for j0 in range(0, width, P):  # B[k0:, n0+j0:] is W[n0+j0:, k0:] transposed
-                        jw = min(P, width - j0)
-                        wt = w_pool.tile(jw, (kt,), dt)
-                        b.dma(wt, rect(b_buf, dt, (n0 + j0) * k + k0, k, jw, kt))
-                        transpose(bt.cols(j0, jw), wt)
-                for j, (_, mt) in enumerate(mrows):
-                    st = at_slots[ki].cols(j * P, mt)
-                    for c, (c0, w) in enumerate(cols):
-                        b.emit(
-                            isa.Matmul(
-                                "pe",
-                                dst=ps[j, c],
-                                stationary=st,
-                                moving=bt.cols(c0 - n0, w),
-                                accumulate=ki > 0,
-                            )
+    first_b = load_b(steps[0], 0)
+    for si, step in enumerate(steps):
+        bnum, (bi, mrows), n0, width = step
+        o_off = bi * m * nn
+        cols = [(c, min(nf, n0 + width - c)) for c in range(n0, n0 + width, nf)]
+        ps = {
+            (j, c): acc.tile(mt, (w,), DType.F32)
+            for j, (_, mt) in enumerate(mrows)
+            for c, (_, w) in enumerate(cols)
+        }
+        # the block's last step: the next block's A^T is rebuilt beside it
+        last = bnum + 1 < len(blocks) and (si + 1 == len(steps) or steps[si + 1][0] != bnum)
+        for ki in range(kt_n):
+            bt = first_b if ki == 0 else load_b(step, ki)
+            for j, (_, mt) in enumerate(mrows):
+                st = at_slots[ki].cols(j * P, mt)
+                for c, (c0, w) in enumerate(cols):
+                    b.emit(
+                        isa.Matmul(
+                            "pe",
+                            dst=ps[j, c],
+                            stationary=st,
+                            moving=bt.cols(c0 - n0, w),
+                            accumulate=ki > 0,
                         )
-                if last:  # software pipelining: the next block's A^T tile, once this one is done
-                    rebuild(blocks[bnum + 1], ki)
-            for (j, c), tile in ps.items():
-                r0, mt = mrows[j]
-                c0, w = cols[c]
-                ot = o_pool.tile(mt, (w,), odt)
-                engine = "act" if (j + c) % 2 else "dve"  # spread the PSUM evacuations
-                b.emit(isa.TensorCopy(engine, dst=ot, src=tile))
-                if out is not None:
-                    b.dma(rect(out, odt, o_off + r0 * nn + c0, nn, mt, w), ot)
-                if epi is not None:
-                    epi.step(bi * m + r0, mt, c0, w, {n.out.id: ot})
+                    )
+            if last:  # software pipelining: the next block's A^T tile, once this one is done
+                rebuild(blocks[bnum + 1], ki)
+        if si + 1 < len(steps):
+            first_b = load_b(steps[si + 1], 0)
+        for (j, c), tile in ps.items():
+            r0, mt = mrows[j]
+            c0, w = cols[c]
+            ot = o_pool.tile(mt, (w,), odt)
+            engine = "act" if (j + c) % 2 else "dve"  # spread the PSUM evacuations
+            b.emit(isa.TensorCopy(engine, dst=ot, src=tile))
+            if out is not None:
+                b.dma(rect(out, odt, o_off + r0 * nn + c0, nn, mt, w), ot)
+            if epi is not None:
+                epi.step(bi * m + r0, mt, c0, w, {n.out.id: ot})
 
 
 def _emit_zero_or_simple(
