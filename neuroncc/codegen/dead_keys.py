@@ -24,7 +24,9 @@ The same facts settle selects whose condition is one value everywhere (the safe 
 `where(row fully masked, 0, P)` when every row keeps a key): the kernel takes the branch
 without computing the select (`KeyFacts.settled`).
 Skipping assumes the (scaled) scores and v are finite, as FlashAttention's causal skipping
-does: a nan or inf in a skipped key no longer reaches the rows before it.
+does: a nan or inf in a skipped key no longer reaches the rows before it. Under the same
+assumption the kernel applies an additive mask `x + where(c, 0, -inf)` as `where(c, x, -inf)`
+(emit_attention._mask_as_select), a masked score being -inf whatever it was.
 """
 
 from __future__ import annotations

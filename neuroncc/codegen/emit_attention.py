@@ -68,6 +68,7 @@ class AttentionPlan:
     aliases: tuple[tuple[int, int], ...] = ()  # row values taken as an input (RowKernel)
     # (the division P was, the row value it divided by): the output rows are divided instead
     deferred: tuple[int, int] | None = None
+    elided: frozenset[int] = frozenset()  # nodes of the group not emitted (_mask_as_select)
 
     @property
     def chunks(self) -> int:
@@ -125,6 +126,7 @@ def attention_plan(
         if vid in outputs or any(u.out.id not in inside for u in users[vid]):
             return None  # the scores, or a reshape of P, read outside: they would need HBM
     rows = [x for x in middle if x.out.id not in s_ids | p_chain]
+    rows, elided = _mask_as_select(rows, users, outputs)
     given, evac = s_ids, _evacuation_op(rows, s_ids, users)
     if evac is not None and (
         evac[0].out.id in outputs or any(u.out.id not in inside for u in users[evac[0].out.id])
@@ -144,13 +146,50 @@ def attention_plan(
         return None
     ids = (frozenset(s_ids), frozenset(given), p_id, frozenset(p_chain))
     evac_op = (evac[0].op.value, evac[1]) if evac else None
-    base = AttentionPlan(mm1, mm2, rows, rp, *ids, math.prod(batch), m, d, n, dv, evac=evac_op)
+    base = AttentionPlan(
+        mm1, mm2, rows, rp, *ids, math.prod(batch), m, d, n, dv, evac=evac_op, elided=elided
+    )
     for unit in (2, 1):  # two blocks per step where they fit, so their row groups interleave
         ap = replace(base, unit=unit)
         fits = ap.sbuf_bytes() <= SBUF_SHARE * t.sbuf_partition_bytes
         if fits and _psum_banks(ap, t) is not None:
             return ap
     return None
+
+
+def _mask_as_select(
+    rows: Sequence[Node], users: dict, outputs: set[int]
+) -> tuple[list[Node], frozenset[int]]:
+    """Note [dead keys]: x + where(c, 0, -inf), an additive mask made from its condition, as
+    where(c, x, -inf): one pass over the scores fewer. Equal for the finite scores the kernel
+    assumes, up to the sign of a zero score, which the softmax after it cannot tell (exp(x -
+    max) is the same for +0 and -0, and so is the max). Returns the rows and the ids of the
+    nodes taken out (still the kernel's: what only they read stays on chip)."""
+    made = {x.out.id: x for x in rows}
+
+    def full(v: Value, value: float) -> bool:
+        node = made.get(v.id)
+        return node is not None and node.op is Op.FULL and float(node.attr("value")) == value
+
+    out, elided = list(rows), set()
+    for i, node in enumerate(out):
+        if node.op is not Op.ADD or not node.out.type.dtype.is_float:
+            continue
+        for x, mask in (node.inputs, node.inputs[::-1]):
+            sel = made.get(mask.id)
+            if sel is None or sel.op is not Op.WHERE or mask.id in outputs:
+                continue
+            c, zero, neg_inf = sel.inputs
+            if users[mask.id] != [node] or not (full(zero, 0.0) and full(neg_inf, -math.inf)):
+                continue
+            if x.type != node.out.type or neg_inf.type != node.out.type:
+                continue
+            out[i] = Node(Op.WHERE, (c, x, neg_inf), (), node.out)
+            elided.add(sel.out.id)
+            if users[zero.id] == [sel] and zero.id not in outputs:
+                elided.add(zero.id)
+            break
+    return [x for x in out if x.out.id not in elided], frozenset(elided)
 
 
 def _evacuation_op(rows: Sequence[Node], s_ids: set[int], users: dict) -> tuple[Node, float] | None:
@@ -223,6 +262,7 @@ def with_key_facts(g: Graph, ap: AttentionPlan) -> AttentionPlan:
     `e / s` for a row sum s, the division moved to the output rows (`deferred`)."""
     users, outputs = g.users(), {v.id for v in g.outputs}
     inside = {ap.scores.out.id, ap.out.out.id, *(x.out.id for x in ap.rows), *ap.p_chain}
+    inside |= ap.elided
 
     def read_outside(vid: int) -> bool:
         return vid in outputs or any(u.out.id not in inside for u in users[vid])
@@ -338,7 +378,7 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
     qv, kv, vv = (ctx.views.get(x.id) or View.of(x) for x in _operands(ap))
     # Qᵀ already in HBM (a transpose folded into its matmul readers): load it as it is
     folded = ctx.transposed_view.get(q.id) if q.id not in ctx.views else None
-    inside = frozenset({ap.scores.out.id, ap.out.out.id, *ap.s_ids, *ap.p_chain})
+    inside = frozenset({ap.scores.out.id, ap.out.out.id, *ap.s_ids, *ap.p_chain, *ap.elided})
     key_tiles = [(k0, min(P, n - k0)) for k0 in range(0, n, P)]
     chunks = [(c0, min(nf, n - c0)) for c0 in range(0, n, nf)]
     s_banks, t_banks = _psum_banks(ap, t)

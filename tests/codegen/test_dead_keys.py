@@ -109,8 +109,10 @@ def test_known_selects_and_the_row_division_leave_the_rows(fresh):
     qkv = _qkv(heads=1)
     _run(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), qkv)
     ins = _attention_instructions()
-    # one select per query block: the causal mask's over its live keys, not the safe softmax's
+    # one select per query block: the causal mask's over its live keys, not the safe softmax's,
+    # and the mask is selected into the scores, not added to them
     assert sum(i.opcode == "select" for i in ins) == 4
+    assert not [i for i in ins if i.opcode == "tensor_tensor" and i.op == "add"]
     assert not [i for i in ins if i.opcode == "tensor_tensor" and i.op == "div"]
     assert sum(i.opcode == "activation" and i.func == "reciprocal" for i in ins) == 4
     # nor is the settled select's condition (row max != -inf) computed
