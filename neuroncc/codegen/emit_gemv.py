@@ -50,8 +50,9 @@ def gemv_foldable(
 
 
 def gemv_ns(u: Node, t: Target) -> float:
-    """The matmul u on Vector/GpSimd (emit_gemv): the multiplies shared by both engines, the
-    row sums on VectorE, or W's DMA, whichever takes longer."""
+    """The matmul u on Vector/GpSimd (emit_gemv): x broadcast to every partition first, then
+    the multiplies shared by both engines and the row sums on VectorE, or W's DMA, whichever
+    takes longer."""
     x = u.inputs[0].type
     k, nn, rows = x.shape[-1], u.out.type.shape[-1], x.numel // max(x.shape[-1], 1)
     cw = min(k, CHUNK)
@@ -63,7 +64,8 @@ def gemv_ns(u: Node, t: Target) -> float:
     steps = math.ceil(nn / P) * math.ceil(k / cw) * rows
     both = 1 / (1 / mult + 1 / mult_pool)  # a multiply's share when both engines take them
     weight = costs.dma_ns(nn * k * x.dtype.itemsize, cw * x.dtype.itemsize, t, t.dma_queues)
-    return max(steps * (both + sums), weight)
+    x_rows = costs.dma_ns(rows * P * k * x.dtype.itemsize, k * x.dtype.itemsize, t, t.dma_queues)
+    return x_rows + max(steps * (both + sums), weight)
 
 
 def emit_gemv(ctx: EmitCtx, n: Node, w_buf: str, epilogue: Sequence[Node]) -> None:
