@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from functorch.compile import make_boxed_func
+from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
 from torch._dynamo.backends.common import aot_autograd
 
 from neuroncc.errors import CapacityError, NeuronccError, UnsupportedError
@@ -259,6 +259,7 @@ def _aot(gm: torch.fx.GraphModule, example_inputs: list, opts: CompileOptions, n
         bw_compiler=compilers["backward"],
         inference_compiler=compilers["inference"],
         decompositions=DECOMPOSITIONS,
+        partition_fn=min_cut_rematerialization_partition,
     )
     try:
         return backend(gm, example_inputs)

@@ -52,7 +52,9 @@ def test_fused_and_blocked_code_is_faster_than_one_kernel_per_op(fresh, target):
     for level in (0, 2):
         torch._dynamo.reset()
         compiled = torch.compile(
-            model, backend="neuron", options={"opt_level": level, "target": target}
+            model,
+            backend="neuron",
+            options={"opt_level": level, "target": target, "fallback": False},
         )
         compiled(idx, targets)
         neuroncc.reset_stats()
