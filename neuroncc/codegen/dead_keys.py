@@ -22,7 +22,9 @@ identity there (-inf for max, 0 for sum): removing dead elements changes no redu
 live element. A query block skips the key tiles after its last tile with a live element.
 The same facts settle selects whose condition is one value everywhere (the safe softmax's
 `where(row fully masked, 0, P)` when every row keeps a key): the kernel takes the branch
-without computing the select (`KeyFacts.settled`).
+without computing the select (`KeyFacts.settled`); and a select whose condition is true on a
+query block's leading keys (the causal mask left of the diagonal) runs on the other keys only
+(`KeyFacts.true_prefix`).
 Skipping assumes the (scaled) scores and v are finite, as FlashAttention's causal skipping
 does: a nan or inf in a skipped key no longer reaches the rows before it. Under the same
 assumption the kernel applies an additive mask `x + where(c, 0, -inf)` as `where(c, x, -inf)`
@@ -141,6 +143,7 @@ class _Abstract:
         # (reduce input's code, its shape, the reduction's identity code)
         self.identity_needed: list[tuple[np.ndarray, tuple[int, ...], int]] = []
         self.settled: dict[int, int] = {}  # where(c, a, b) with c the same everywhere -> a or b
+        self.surely: dict[int, np.ndarray] = {}  # where(c, a, b) -> where c is surely true
 
     def run(self, n: Node) -> None:
         out, ins = n.out, [self.codes[v.id] for v in n.inputs]
@@ -174,6 +177,8 @@ class _Abstract:
             code = np.where(surely, a, np.where(never, b, _union(a, b)))
             if surely.all() or never.all():
                 self.settled[out.id] = n.inputs[1 if surely.all() else 2].id
+            else:
+                self.surely[out.id] = surely
         elif kind is Kind.CAST:
             code = self._cast(out.type.dtype, ins[0])
         elif n.op in (Op.REDUCE_MAX, Op.REDUCE_SUM, Op.REDUCE_MIN):
@@ -284,6 +289,8 @@ class KeyFacts:
 
     live: tuple[int, ...] | None  # keys each query block must compute; None: all of them
     settled: dict[int, int]  # where(c, a, b) whose c is the same everywhere -> a's or b's id
+    # where(c, a, b) -> per query block, the leading keys where c is true in every row
+    true_prefix: dict[int, tuple[int, ...]]
 
 
 def analyse(
@@ -332,4 +339,18 @@ def analyse(
         alive = ~padded.reshape(rp, key_tiles, tile).all(axis=(0, 2))
         last = int(np.flatnonzero(alive)[-1]) + 1 if alive.any() else 1
         live.append(min(n, last * tile))
-    return KeyFacts(tuple(live) if any(x < n for x in live) else None, a.settled)
+    prefixes = {}
+    for vid, surely in a.surely.items():
+        shape = next(x.out.type.shape for x in rows if x.out.id == vid)
+        true = _rows(surely, shape, m, n)
+        seen: dict[tuple[int, int, int], int] = {}  # a mask broadcast over heads: once per rows
+        prefix = []
+        for bi, r0, rp in blocks:
+            key = (bi if true.strides[0] else 0, r0, rp)
+            if key not in seen:
+                cols = true[bi, r0 : r0 + rp].all(axis=0)
+                seen[key] = n if cols.all() else int(np.argmin(cols))
+            prefix.append(seen[key])
+        if any(prefix):
+            prefixes[vid] = tuple(prefix)
+    return KeyFacts(tuple(live) if any(x < n for x in live) else None, a.settled, prefixes)

@@ -69,6 +69,8 @@ class AttentionPlan:
     # (the division P was, the row value it divided by): the output rows are divided instead
     deferred: tuple[int, int] | None = None
     elided: frozenset[int] = frozenset()  # nodes of the group not emitted (_mask_as_select)
+    # selects -> per query block, leading keys where they pass their input through (dead_keys)
+    true_prefix: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
     @property
     def chunks(self) -> int:
@@ -286,6 +288,7 @@ def with_key_facts(g: Graph, ap: AttentionPlan) -> AttentionPlan:
         live=None if wide_outside else facts.live,
         aliases=tuple(sorted(aliases.items())),
         deferred=deferred,
+        true_prefix=tuple(sorted(facts.true_prefix.items())),
     )
 
 
@@ -417,6 +420,7 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
     deferred = ap.deferred if ap.deferred and ap.deferred[0] in row.aliased else None
     blocks = query_blocks(ap)
     keys = dict(zip(blocks, ap.live or [n] * len(blocks), strict=True))  # Note [dead keys]
+    block_index = {blk: i for i, blk in enumerate(blocks)}
     steps = [blocks[i : i + u] for i in range(0, len(blocks), u)]
     heads: dict[int, tuple[isa.TileRef, list[isa.TileRef]]] = {}
     # What each phase of a block leaves for the next: Qᵀ, the scores in PSUM, in SBUF, P, Pᵀ.
@@ -486,7 +490,14 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
 
     def softmax(step: list[Block]) -> None:
         specs = [
-            (bi * m + r0, rp, 0, keys[bi, r0, rp], dict.fromkeys(ap.given, s_sb.pop((bi, r0, rp))))
+            (
+                bi * m + r0,
+                rp,
+                0,
+                keys[bi, r0, rp],
+                dict.fromkeys(ap.given, s_sb.pop((bi, r0, rp))),
+                {sel: prefix[block_index[bi, r0, rp]] for sel, prefix in ap.true_prefix},
+            )
             for bi, r0, rp in step
         ]
         for blk, tiles in zip(step, row.steps(specs), strict=True):

@@ -160,11 +160,15 @@ class RowKernel:
         return self.steps([(r0, rp, c0, f, given)])[0]
 
     def steps(self, specs: Sequence[tuple]) -> list[dict[int, isa.TileRef]]:
-        """Several steps (r0, rp, c0, f, given) issued node by node in turn, so each engine's
-        stream alternates between them and one step's chain of dependent instructions runs
-        beside the other's instead of after it. Their tiles must all fit the pools: at most
-        `rounds` steps (two always fit)."""
-        gens = [_tile_ops(self, r0, rp, c0, f, dict(g or {})) for r0, rp, c0, f, g in specs]
+        """Several steps (r0, rp, c0, f, given[, passed]) issued node by node in turn, so each
+        engine's stream alternates between them and one step's chain of dependent
+        instructions runs beside the other's instead of after it. Their tiles must all fit the
+        pools: at most `rounds` steps (two always fit). `passed`: select id -> leading columns
+        of the step where its condition is true (KeyFacts.true_prefix)."""
+        gens = [
+            _tile_ops(self, r0, rp, c0, f, dict(g or {}), rest[0] if rest else {})
+            for r0, rp, c0, f, g, *rest in specs
+        ]
         results: list[dict | None] = [None] * len(gens)
         while any(r is None for r in results):
             for i, gen in enumerate(gens):
@@ -244,6 +248,15 @@ def _activation_reduces(
         if sums:
             found[n.out.id] = (diff, sums[0])
     return found
+
+
+def _passed_columns(k: RowKernel, n: Node, passed: dict, c0: int, f: int) -> int:
+    """Leading columns of a step where the select n leaves its `a` input as it is: its
+    condition is true there and it writes over a's tile."""
+    lo = passed.get(n.out.id, 0)
+    if not lo or c0 != 0 or n.op.info.kind != Kind.SELECT:
+        return 0
+    return min(lo, f) if k.in_place.get(n.out.id) == n.inputs[1].id else 0
 
 
 def _unread(nodes: Sequence[Node], roots: set[int], aliased: dict, act_reduce: dict) -> set[int]:
@@ -346,7 +359,7 @@ def _value(nodes: Sequence[Node], vid: int) -> Value:
     raise KeyError(vid)
 
 
-def _tile_ops(k: RowKernel, r0: int, rp: int, c0: int, f: int, tiles: dict):
+def _tile_ops(k: RowKernel, r0: int, rp: int, c0: int, f: int, tiles: dict, passed: dict):
     """One [rp rows, f columns] step of the kernel: load, compute every node, store. A
     generator: it pauses after each node (RowKernel.steps) and returns the step's tiles."""
     ctx, nodes, p, consts = k.ctx, k.nodes, k.p, k.consts
@@ -416,7 +429,12 @@ def _tile_ops(k: RowKernel, r0: int, rp: int, c0: int, f: int, tiles: dict):
             dst = k.slot_pools[k.slots[n.out.id]].tile(rp, (f,), n.out.type.dtype)
         else:
             dst = k.row_pool.tile(rp, (1,), n.out.type.dtype)
-        if n.out.id in k.act_reduce:
+        lo = _passed_columns(k, n, passed, c0, f)
+        if lo:  # where(c, x, y) over x's tile with c true on the first lo columns: x there
+            if lo < f:
+                cut = [t.cols(lo, f - lo) if t.free == (f,) else t for t in srcs]
+                b.emit(k.balance.place(_compute_instr(n, dst.cols(lo, f - lo), cut)))
+        elif n.out.id in k.act_reduce:
             _emit_activation_reduce(k, n, dst, tiles, rp)
         elif n.op in REDUCE_OPS:
             acc_dt = DType.F32 if n.inputs[0].type.dtype.is_float else DType.I64

@@ -113,6 +113,8 @@ def test_known_selects_and_the_row_division_leave_the_rows(fresh):
     # and the mask is selected into the scores, not added to them
     assert sum(i.opcode == "select" for i in ins) == 4
     assert not [i for i in ins if i.opcode == "tensor_tensor" and i.op == "add"]
+    # and only over the diagonal tile: left of it every key is kept (KeyFacts.true_prefix)
+    assert all(i.dst.free_elems < 128 for i in ins if i.opcode == "select")
     assert not [i for i in ins if i.opcode == "tensor_tensor" and i.op == "div"]
     assert sum(i.opcode == "activation" and i.func == "reciprocal" for i in ins) == 4
     # nor is the settled select's condition (row max != -inf) computed
