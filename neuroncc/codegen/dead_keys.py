@@ -29,6 +29,13 @@ Skipping assumes the (scaled) scores and v are finite, as FlashAttention's causa
 does: a nan or inf in a skipped key no longer reaches the rows before it. Under the same
 assumption the kernel applies an additive mask `x + where(c, 0, -inf)` as `where(c, x, -inf)`
 (emit_attention._mask_as_select), a masked score being -inf whatever it was.
+
+Note [generated masks]: a boolean constant the row group reads that is, in every batch, one
+side of a diagonal line, `c[i, j] = (base + pstep * i + fstep * j >= 0)` with (pstep, fstep)
+= (1, -1) or (-1, 1) (a causal mask, aligned at either corner, or its complement), is made on
+chip where it is needed: an iota and a compare per tile, instead of a kernel computing the
+mask into HBM and a DMA of it per query block and head (`KeyFacts.affine`, emit_fused's
+`RowKernel(generated=...)`). Exact: the iota's values are small integers.
 """
 
 from __future__ import annotations
@@ -291,6 +298,8 @@ class KeyFacts:
     settled: dict[int, int]  # where(c, a, b) whose c is the same everywhere -> a's or b's id
     # where(c, a, b) -> per query block, the leading keys where c is true in every row
     true_prefix: dict[int, tuple[int, ...]]
+    # boolean constants read by the row group -> (base, pstep, fstep): Note [generated masks]
+    affine: dict[int, tuple[int, int, int]]
 
 
 def analyse(
@@ -310,6 +319,7 @@ def analyse(
     producers = g.producers()
     inside = {x.out.id for x in rows}
     memo: dict[int, np.ndarray | None] = {}
+    affine: dict[int, tuple[int, int, int]] = {}
     a = _Abstract(n)
     for vid in given:
         a.codes[vid] = np.uint8(FINITE)
@@ -318,6 +328,9 @@ def analyse(
             if x.id not in a.codes and x.id not in inside:
                 value = _constant(x, producers, memo)
                 a.codes[x.id] = np.uint8(TOP) if value is None else categorize(value)
+                form = None if value is None else band_edge(value, x.type.shape, m, n)
+                if form is not None:
+                    affine[x.id] = form
         a.run(node)
     p_shape = next(x.out.type.shape for x in rows if x.out.id == p_id)
     dead = a.codes[p_id] == _code(Z, Z, 0)
@@ -353,4 +366,29 @@ def analyse(
             prefix.append(seen[key])
         if any(prefix):
             prefixes[vid] = tuple(prefix)
-    return KeyFacts(tuple(live) if any(x < n for x in live) else None, a.settled, prefixes)
+    live_keys = tuple(live) if any(x < n for x in live) else None
+    return KeyFacts(live_keys, a.settled, prefixes, affine)
+
+
+def band_edge(value: np.ndarray, shape: tuple[int, ...], m: int, n: int):
+    """(base, pstep, fstep) with value[..., i, j] == (base + pstep * i + fstep * j >= 0) for
+    every row i < m and key j < n of every batch (Note [generated masks]), or None."""
+    value = np.asarray(value)
+    if value.dtype != np.bool_ or shape[-2:] != (m, n) or value.size <= 1:
+        return None
+    rows = _rows(value, shape, m, n)
+    first = rows[0]
+    if rows.shape[0] > 1 and rows.strides[0] != 0 and not (rows == first).all():
+        return None  # differs between batches
+    counts = first.sum(axis=1)
+    partial = np.flatnonzero((counts > 0) & (counts < n))
+    if not len(partial):
+        return None  # whole rows true or false: no line to find (or a settled select)
+    r = int(partial[0])
+    i, j = np.arange(m)[:, None], np.arange(n)[None, :]
+    for pstep, fstep in ((1, -1), (-1, 1)):
+        # (1, -1): j <= i + base, a prefix of each row; (-1, 1): j >= i - base, a suffix
+        base = int(counts[r]) - 1 - r if pstep == 1 else r - (n - int(counts[r]))
+        if np.array_equal(first, base + pstep * i + fstep * j >= 0):
+            return base, pstep, fstep
+    return None

@@ -16,6 +16,8 @@ them in place (Note [attention operands]); per block of 128 query rows it
   bank.
 Key tiles that a constant mask (a causal one) makes irrelevant to a query block are skipped:
 no scores, no row group columns, no P V for them (Note [dead keys], codegen/dead_keys.py).
+Such a mask is made on chip, an iota and a compare for the tiles the select runs on (Note
+[generated masks]), and the kernel that computed it into HBM is not emitted (lower.py).
 Where P is then `e / s` for the row sum s (the safe-softmax select settled), the row group
 stops at e and the output rows are scaled by 1 / s as they leave PSUM, FlashAttention's
 deferred normalisation: one pass over the scores fewer (`with_key_facts`).
@@ -34,7 +36,7 @@ from dataclasses import dataclass, replace
 from neuroncc.codegen import dead_keys, isa
 from neuroncc.codegen.builder import TilePool
 from neuroncc.codegen.emit import EmitCtx, P, rect
-from neuroncc.codegen.emit_fused import RowKernel
+from neuroncc.codegen.emit_fused import GENERATED_BYTES, RowKernel, generated_values
 from neuroncc.codegen.emit_matmul import PeTransposer
 from neuroncc.codegen.row_plan import RowPlan, plan, sbuf_bytes
 from neuroncc.codegen.targets import Target
@@ -71,6 +73,8 @@ class AttentionPlan:
     elided: frozenset[int] = frozenset()  # nodes of the group not emitted (_mask_as_select)
     # selects -> per query block, leading keys where they pass their input through (dead_keys)
     true_prefix: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    # inputs of the row group made on chip: id -> (base, pstep, fstep) (Note [generated masks])
+    generated: tuple[tuple[int, tuple[int, int, int]], ...] = ()
 
     @property
     def chunks(self) -> int:
@@ -240,7 +244,8 @@ def _kernel_bytes(ap: AttentionPlan) -> int:
         2 * ap.d * qd + 3 * P * qd + 3 * ap.n * sd + 2 * key_tiles * P * pd
     )
     inverses = 4 * u * 64  # 1 / row sum of the steps in flight (`deferred`)
-    return kv + blocks + 2 * u * ap.dv * od + 2 * P * (max(qd, pd) + 4) + inverses
+    extra = inverses + GENERATED_BYTES  # (a generated mask's tiles, if it has one)
+    return kv + blocks + 2 * u * ap.dv * od + 2 * P * (max(qd, pd) + 4) + extra
 
 
 def _heads_alive(ap: AttentionPlan) -> int:
@@ -289,6 +294,12 @@ def with_key_facts(g: Graph, ap: AttentionPlan) -> AttentionPlan:
         aliases=tuple(sorted(aliases.items())),
         deferred=deferred,
         true_prefix=tuple(sorted(facts.true_prefix.items())),
+        generated=tuple(
+            (vid, form)
+            for vid, form in sorted(facts.affine.items())
+            if ap.row_plan.kind.get(vid) in ("full", "period")  # (not loaded once, up front)
+            and generated_values(ap.rows, {vid: form}) is not None
+        ),
     )
 
 
@@ -414,6 +425,7 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
         rounds=ap.row_rounds,
         aliases=dict(ap.aliases),
         keep=(ap.deferred[1],) if ap.deferred else (),
+        generated={vid: (*form, m) for vid, form in ap.generated},
     )
     # P is e / s computed as e, the output rows divided by s (FlashAttention's deferred
     # normalisation), where the row kernel takes the division as its numerator's tile.

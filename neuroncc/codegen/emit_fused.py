@@ -28,6 +28,10 @@ from neuroncc.ir.graph import Node, Value
 from neuroncc.ir.ops import Kind, Op
 from neuroncc.ir.types import DType
 
+GEN_COLS = 128  # generated tiles are this wide at most (one key tile), and kept for reuse
+GEN_CACHED = 4
+GENERATED_BYTES = GEN_CACHED * GEN_COLS + 2 * GEN_COLS * 4  # their pool and the iotas'
+
 
 def emit_fused(
     ctx: EmitCtx, nodes: Sequence[Node], sig: tuple[tuple[int, ...], int] | None = None
@@ -66,6 +70,7 @@ class RowKernel:
         rounds: int | None = None,
         aliases: Mapping[int, int] | None = None,
         keep: Sequence[int] = (),
+        generated: Mapping[int, tuple[int, int, int, int]] | None = None,
     ) -> None:
         """`inside`: values the enclosing kernel makes beside `nodes` (a value only they read
         stays on chip); `reserve`: SBUF bytes per partition the enclosing kernel keeps;
@@ -73,7 +78,10 @@ class RowKernel:
         `aliases`: value id -> the input it may be taken as, without an instruction (a select
         whose condition is known, Note [dead keys]); honoured where the value would be written
         over that input anyway (`aliased`), and then what only the other inputs needed is not
-        computed (`dead`; `keep`: values the enclosing kernel reads from the step's tiles)."""
+        computed (`dead`; `keep`: values the enclosing kernel reads from the step's tiles);
+        `generated`: inputs made on chip instead of loaded, value id -> (base, pstep, fstep,
+        rows m): row r0 + p, column c0 + f holds base + pstep * (r0 % m + p) + fstep * (c0 + f)
+        >= 0 (Note [generated masks]; at most GENERATED_BYTES per partition)."""
         b = ctx.b
         self.ctx, self.nodes, self.p = ctx, nodes, p
         defined = {n.out.id for n in nodes}
@@ -150,6 +158,12 @@ class RowKernel:
             self.consts[n.out.id] = t
             self.const_values[n.out.id] = float(n.attr("value"))
         self.balance = EngineBalancer(ctx.target)
+        self.generated = generated_values(nodes, generated or {})
+        assert self.generated is not None, "generated values are read as select conditions"
+        if self.generated:
+            self.gen_pool = b.sbuf_pool(GEN_COLS, bufs=GEN_CACHED)
+            self.iota_pool = b.sbuf_pool(GEN_COLS * 4, bufs=2)
+        self.gen_tiles: dict[tuple, isa.TileRef] = {}  # (base, pstep, fstep, rows, cols)
 
     def step(
         self, r0: int, rp: int, c0: int, f: int, given: dict[int, isa.TileRef] | None = None
@@ -338,6 +352,47 @@ def _emit_activation_reduce(k: RowKernel, n: Node, dst: isa.TileRef, tiles: dict
     tiles[total.out.id] = acc
 
 
+def _generated_tile(k: RowKernel, v: Value, r0: int, rp: int, c0: int, f: int) -> isa.TileRef:
+    """Rows r0..r0+rp, columns c0..c0+f (f <= GEN_COLS) of a generated input (Note [generated
+    masks]): an iota and a compare. The tiles are kept and reused by later steps that need the
+    same values (a causal mask's diagonal tile, for every query block of every head): the last
+    GEN_CACHED of them, in the order the pool hands out its buffers."""
+    base, pstep, fstep, m = k.generated[v.id]
+    i0 = r0 % m
+    assert i0 + rp <= m and f <= GEN_COLS, "one period of the rows, GEN_COLS columns at most"
+    b0 = base + pstep * i0 + fstep * c0
+    key = (b0, pstep, fstep, rp, f)
+    if key not in k.gen_tiles:
+        if len(k.gen_tiles) == GEN_CACHED:  # the pool's next buffer is the oldest entry's
+            del k.gen_tiles[next(iter(k.gen_tiles))]
+        t = k.gen_tiles[key] = k.gen_pool.tile(rp, (f,), v.type.dtype)
+        line = k.iota_pool.tile(rp, (f,), DType.F32)
+        b = k.ctx.b
+        b.emit(isa.Iota("pool", dst=line, base=float(b0), pstep=float(pstep), fstep=float(fstep)))
+        test = isa.TensorScalar("dve", op="ge", dst=t, src=line, scalar=0.0)
+        b.emit(k.balance.place(test))
+    return k.gen_tiles[key]
+
+
+def generated_values(nodes: Sequence[Node], roots: Mapping[int, tuple]) -> dict | None:
+    """Note [generated masks]: the values of a group made on chip from `roots` (id -> its
+    form): the roots, and what only adds batch dims to them (a mask broadcast over heads).
+    None if one of them is read other than as a select's condition, the one use made by
+    columns."""
+    made = dict(roots)
+    for n in nodes:
+        if n.op not in (Op.BROADCAST, Op.RESHAPE):
+            continue
+        x = n.inputs[0]
+        if x.id in made and n.out.type.shape[-2:] == x.type.shape[-2:]:
+            made[n.out.id] = made[x.id]
+    for n in nodes:
+        for i, v in enumerate(n.inputs):
+            if v.id in made and n.out.id not in made and (n.op is not Op.WHERE or i):
+                return None
+    return made
+
+
 def _load_period(ctx, v: Value, t: isa.TileRef, r0: int, rp: int, c0: int, f: int, cols: int):
     """Rows r0..r0+rp of a value whose rows repeat every R' (its own row count): one DMA per
     run of rows that does not wrap around."""
@@ -413,6 +468,8 @@ def _tile_ops(k: RowKernel, r0: int, rp: int, c0: int, f: int, tiles: dict, pass
             if n.out.id in tiles and n.out.id in escaping_ids:
                 store(n.out, tiles[n.out.id])
             continue
+        if n.out.id in k.generated:  # made where a select reads it
+            continue
         if n.op in (Op.BROADCAST, Op.RESHAPE, Op.FULL):
             # Read as a per-partition scalar, a col row or a constant tile: nothing to compute.
             src = consts[n.out.id] if n.op == Op.FULL else tile_of(n.inputs[0])
@@ -421,16 +478,27 @@ def _tile_ops(k: RowKernel, r0: int, rp: int, c0: int, f: int, tiles: dict, pass
                 store(n.out, tiles[n.out.id])
             continue
         yield
+        lo = _passed_columns(k, n, passed, c0, f)
         diff = k.act_reduce.get(n.out.id, (None,))[0]
-        srcs = [tile_of(v) for v in (diff or n).inputs]
-        if n.out.id in k.in_place:
+        ins = (diff or n).inputs
+        made = n.op.info.kind is Kind.SELECT and ins[0].id in k.generated
+        srcs = [tile_of(v) for v in ins[made:]]  # (a generated condition: by columns, below)
+        if n.out.id in k.in_place and tiles[k.in_place[n.out.id]] in k.gen_tiles.values():
+            # not over a kept generated tile, which later steps reuse: into its slot
+            dst = k.slot_pools[k.slots[k.in_place[n.out.id]]].tile(rp, (f,), n.out.type.dtype)
+        elif n.out.id in k.in_place:
             dst = replace(tiles[k.in_place[n.out.id]], dtype=n.out.type.dtype)
         elif c == "full":
             dst = k.slot_pools[k.slots[n.out.id]].tile(rp, (f,), n.out.type.dtype)
         else:
             dst = k.row_pool.tile(rp, (1,), n.out.type.dtype)
-        lo = _passed_columns(k, n, passed, c0, f)
-        if lo:  # where(c, x, y) over x's tile with c true on the first lo columns: x there
+        if made:  # the condition made GEN_COLS columns at a time, and the select with it
+            for c in range(lo, f, GEN_COLS):
+                w = min(GEN_COLS, f - c)
+                cond = _generated_tile(k, ins[0], r0, rp, c0 + c, w)
+                cut = [t.cols(c, w) if t.free == (f,) else t for t in srcs]
+                b.emit(k.balance.place(_compute_instr(n, dst.cols(c, w), [cond, *cut])))
+        elif lo:  # where(c, x, y) over x's tile with c true on the first lo columns: x there
             if lo < f:
                 cut = [t.cols(lo, f - lo) if t.free == (f,) else t for t in srcs]
                 b.emit(k.balance.place(_compute_instr(n, dst.cols(lo, f - lo), cut)))

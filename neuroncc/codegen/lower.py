@@ -30,6 +30,7 @@ def emit_graph(g: Graph, target: Target) -> Executable:
             raise CodegenError("the fuse pass formed an attention group codegen rejects")
         attention[first] = with_key_facts(g, ap)
     ctx.views, skipped = fold_operand_views(g, list(attention.values()))
+    unneeded = _made_on_chip(g, attention, skipped)
     i = 0
     while i < len(nodes):
         n = nodes[i]
@@ -37,6 +38,9 @@ def emit_graph(g: Graph, target: Target) -> Executable:
             i += 1
             continue
         ids = start.get(n.out.id)
+        if n.out.id in unneeded:  # Note [generated masks]
+            i += len(ids or (n,))
+            continue
         if ids is not None:
             group = nodes[i : i + len(ids)]
             ap = attention.get(n.out.id)
@@ -59,3 +63,36 @@ def emit_graph(g: Graph, target: Target) -> Executable:
     inputs = [ctx.loc[v.id] for v in g.inputs]
     outputs = [ctx.loc[v.id] for v in g.outputs]
     return ctx.b.finish(inputs, outputs)
+
+
+def _made_on_chip(g: Graph, attention: dict[int, AttentionPlan], skipped: set[int]) -> set[int]:
+    """Note [generated masks]: the nodes of kernels (fused groups or single nodes) whose values
+    are read only by attention kernels that make them on chip, or by other such kernels: they
+    are not emitted. Kernels read in place (`skipped`) are not among them."""
+    outputs, users = {v.id for v in g.outputs}, g.users()
+    units = [tuple(ids) for ids in g.kernels]
+    grouped = {vid for ids in units for vid in ids}
+    units += [(n.out.id,) for n in g.nodes if n.out.id not in grouped]
+    unit_of = {vid: u for u, ids in enumerate(units) for vid in ids}
+    made_by: dict[int, set[int]] = {}  # node of an attention kernel -> what it makes itself
+    for first, ap in attention.items():
+        for vid in units[unit_of[first]]:
+            made_by[vid] = {v for v, _ in ap.generated}
+    dead: set[int] = set()
+
+    def unread(vid: int, u: int) -> bool:
+        return vid not in outputs and all(
+            unit_of[r.out.id] in dead or unit_of[r.out.id] == u or vid in made_by.get(r.out.id, ())
+            for r in users[vid]
+        )
+
+    grown = True
+    while grown:
+        new = {
+            u
+            for u, ids in enumerate(units)
+            if u not in dead and not skipped & set(ids) and all(unread(v, u) for v in ids)
+        }
+        dead |= new
+        grown = bool(new)
+    return {vid for u in dead for vid in units[u]}

@@ -3,6 +3,8 @@ tiles. Its op tables are checked against numpy on random float32 values (soundne
 kernel against eager PyTorch: causal masks skip the tiles above the diagonal, masks that are
 graph inputs or rows that are fully masked skip nothing they need."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -185,3 +187,67 @@ def test_banded_constant_masks_match_eager(seq, offset, window, scale):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
     _run(fn, _qkv(heads=2, seq=seq, d=8))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    m=st.integers(1, 40),
+    n=st.integers(1, 40),
+    base=st.integers(-45, 45),
+    upper=st.booleans(),
+    heads=st.integers(1, 3),
+)
+def test_band_edges_are_found_exactly(m, n, base, upper, heads):
+    """Note [generated masks]: a mask on one side of a diagonal line is found as the line it
+    is, in any of its forms; rows all true or all false everywhere give no line to find."""
+    i, j = np.arange(m)[:, None], np.arange(n)[None, :]
+    mask = (j - i + base >= 0) if upper else (i - j + base >= 0)
+    value = np.broadcast_to(mask, (1, heads, m, n))
+    form = dk.band_edge(value, value.shape, m, n)
+    counts = mask.sum(axis=1)
+    if not ((counts > 0) & (counts < n)).any():
+        assert form is None
+        return
+    b, ps, fs = form
+    np.testing.assert_array_equal(b + ps * i + fs * j >= 0, mask)
+
+
+def test_what_is_not_a_band_edge():
+    i, j = np.arange(64)[:, None], np.arange(64)[None, :]
+    window = (j <= i) & (j > i - 8)
+    steps = j <= 2 * i  # a line of another slope
+    per_head = np.stack([j <= i, j <= i + 1])
+    for value in (window, steps, per_head, (j <= i).astype(np.float32)):
+        assert dk.band_edge(value, value.shape, 64, 64) is None
+
+
+def _mask_traffic():
+    """Kernels other than attention that do something, and DMAs of booleans (a mask's
+    loads)."""
+    names = [k.name for c in STATS.executed().values() for k in c.exe.kernels if k.stop > k.start]
+    bools = [
+        i
+        for c in STATS.executed().values()
+        for i in c.exe.instructions
+        if i.opcode == "dma" and i.dst.dtype.value == "bool"
+    ]
+    return [n for n in names if not n.startswith("attention.")], bools
+
+
+@pytest.mark.parametrize(("m", "n"), [(512, 512), (100, 300)])
+def test_a_causal_mask_is_made_on_chip(fresh, m, n):
+    """Note [generated masks]: no kernel computes the causal mask into HBM, and attention loads
+    none: its diagonal tiles are made by iota and compare, once for every head."""
+    q = torch.randn(1, 4, m, 32)
+    k, v = torch.randn(1, 4, n, 32), torch.randn(1, 4, n, 32)
+    _run(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), [q, k, v])
+    assert _mask_traffic() == ([], [])
+    made = [i for i in _attention_instructions() if i.opcode == "tensor_scalar" and i.op == "ge"]
+    assert 1 <= len(made) <= math.ceil(m / 128)
+
+
+def test_a_mask_from_an_input_is_still_loaded(fresh):
+    q, k, v = _qkv(heads=2, seq=256)
+    mask = torch.ones(256, 256, dtype=torch.bool).tril()
+    _run(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), [q, k, v, mask])
+    assert _mask_traffic()[1]
