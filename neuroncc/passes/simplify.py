@@ -8,7 +8,8 @@ Invariant established: no identity reshape/transpose/broadcast/cast/slice, no ch
 reshapes or transposes, no reshape/broadcast/transpose of a constant, no two nodes computing
 the same op on the same inputs, no dead nodes. Plus two algebraic rules for patterns the SDPA
 decomposition makes (`_any_not_neg_inf`, `_scale_after_matmul`), column sums as matmuls (`_column_sum`),
-and two for the causal mask (`_logical_unit`, `_compare_difference`).
+two for the causal mask (`_logical_unit`, `_compare_difference`), and unit dims dropped
+before a transpose rather than after it (`_unit_dims_first`).
 """
 
 from __future__ import annotations
@@ -92,6 +93,32 @@ def _transpose_chain(n: Node, em: _Emitter) -> Value | None:
     if perm == tuple(range(len(perm))):
         return inner.inputs[0]
     return em.add(Op.TRANSPOSE, inner.inputs, {"perm": perm})
+
+
+def _unit_dims_first(n: Node, em: _Emitter) -> Value | None:
+    """reshape(transpose(x)) that only drops unit dims: the dims dropped from x first, so the
+    transpose is the matmul operand itself (a batched P^T or dS^T of an attention backward,
+    [1, H, S, S] -> [H, S, S]) and the layout pass can fold it into the matmul. Only where the
+    transpose left is a swap of the last two axes, the kind that folds; x's reshape moves no
+    data."""
+    if n.op != Op.RESHAPE:
+        return None
+    inner = em.producers.get(n.inputs[0].id)
+    shape = n.out.type.shape
+    if inner is None or inner.op != Op.TRANSPOSE or 1 in shape:
+        return None
+    src, perm = inner.inputs[0], inner.attr("perm")
+    kept = [d for d, size in enumerate(inner.out.type.shape) if size != 1]
+    if tuple(inner.out.type.shape[d] for d in kept) != shape or len(kept) < 2:
+        return None
+    axes = [perm[d] for d in kept]
+    order = sorted(axes)
+    new_perm = tuple(order.index(a) for a in axes)
+    rank = len(new_perm)
+    if new_perm != (*range(rank - 2), rank - 1, rank - 2):
+        return None
+    squeezed = em.add(Op.RESHAPE, (src,), {"shape": tuple(src.type.shape[a] for a in order)})
+    return em.add(Op.TRANSPOSE, (squeezed,), {"perm": new_perm})
 
 
 def _constant_fold(n: Node, em: _Emitter) -> Value | None:
@@ -286,6 +313,7 @@ simplify_rules: list[Rule] = [
     _logical_unit,
     _compare_difference,
     _select_constants_late,
+    _unit_dims_first,
 ]
 
 

@@ -94,7 +94,8 @@ def test_opt_levels_agree_and_scores_stay_on_chip(fresh):
 
 def test_attention_training_matches_eager(fresh):
     """Forward and backward: the forward graph saves P for backward, so the kernel also
-    stores it; the gradients still agree."""
+    stores it; the gradients still agree. The backward's P^T and dS^T are folded into the
+    matmuls that read them (simplify's `_unit_dims_first`): no transpose kernel of scores."""
     q, k, v = (x.requires_grad_() for x in _qkv(1, 2, 64, 64, 16))
     fn = torch.compile(
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), backend="neuron"
@@ -107,6 +108,14 @@ def test_attention_training_matches_eager(fresh):
     for got, want in zip(grads, (q.grad, k.grad, v.grad), strict=True):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     assert any(n.startswith("attention.") for n in _kernel_names())
+    backward = [
+        k.name
+        for n, c in STATS.executed().items()
+        if "backward" in n
+        for k in c.exe.kernels
+        if k.stop > k.start  # (a folded transpose is an empty kernel)
+    ]
+    assert backward and not [n for n in backward if n.startswith("transpose.")], backward
 
 
 def test_bf16_attention(fresh):

@@ -238,3 +238,40 @@ def test_mask_rules_leave_what_they_cannot_prove():
     g = parse(MASK_LOOKALIKES)
     after = Simplify().run(g, CTX)
     assert [n.op for n in after.nodes] == [n.op for n in g.nodes]
+
+
+TRANSPOSED_OPERAND = """graph @main(%0: f32[1,3,4,5], %1: f32[3,4,2], %2: f32[1,4,1,5]) {
+  %3 = transpose %0 {perm=[0,1,3,2]} : f32[1,3,5,4]
+  %4 = reshape %3 {shape=[3,5,4]} : f32[3,5,4]
+  %5 = matmul %4, %1 : f32[3,5,2]
+  %6 = transpose %2 {perm=[2,3,0,1]} : f32[1,5,1,4]
+  %7 = reshape %6 {shape=[5,4]} : f32[5,4]
+  %8 = transpose %0 {perm=[0,2,1,3]} : f32[1,4,3,5]
+  %9 = reshape %8 {shape=[4,3,5]} : f32[4,3,5]
+  return %5, %7, %9
+}
+"""
+
+TRANSPOSED_OPERAND_AFTER = """graph @main(%0: f32[1,3,4,5], %1: f32[3,4,2], %2: f32[1,4,1,5]) {
+  %10 = reshape %0 {shape=[3,4,5]} : f32[3,4,5]
+  %11 = transpose %10 {perm=[0,2,1]} : f32[3,5,4]
+  %5 = matmul %11, %1 : f32[3,5,2]
+  %12 = reshape %2 {shape=[4,5]} : f32[4,5]
+  %13 = transpose %12 {perm=[1,0]} : f32[5,4]
+  %8 = transpose %0 {perm=[0,2,1,3]} : f32[1,4,3,5]
+  %9 = reshape %8 {shape=[4,3,5]} : f32[4,3,5]
+  return %5, %13, %9
+}
+"""
+
+
+def test_unit_dims_are_dropped_before_a_transpose():
+    """The transposed operand of a batched matmul (P^T in an attention backward) is read by
+    the matmul directly, so the layout pass can fold it; a transpose that is not a swap of the
+    last two axes once the unit dims are gone stays as it was."""
+    g = parse(TRANSPOSED_OPERAND)
+    after = Simplify().run(g, CTX)
+    assert print_graph(after) == TRANSPOSED_OPERAND_AFTER
+    inputs = [random_input(v.type) for v in g.inputs]
+    for a, b in zip(interpret(after, inputs), interpret(g, inputs), strict=True):
+        np.testing.assert_array_equal(a, b)
