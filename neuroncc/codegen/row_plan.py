@@ -60,8 +60,10 @@ def _classify(shape: tuple[int, ...], full: tuple[int, ...], k: int) -> str | No
         k == 1 and shape[-1:] == full[-1:] and math.prod(shape) == math.prod(full)
     ):
         return "full"  # the same [R, C] rows, however the leading axes are split
-    if shape in (lead + (1,) * k, lead):
-        return "row"
+    if shape in (lead + (1,) * k, lead) or (
+        _squeezed(shape) == _squeezed(lead) and shape[len(shape) - k :] == (1,) * k
+    ):
+        return "row"  # one value per row (unit dims anywhere keep the order)
     if len(shape) == len(full) and shape == (1,) * len(lead) + full[len(lead) :]:
         return "col"
     if math.prod(shape) == 1:
@@ -71,6 +73,10 @@ def _classify(shape: tuple[int, ...], full: tuple[int, ...], k: int) -> str | No
     ):
         return "period"  # the same block of rows over and over (a mask for every head)
     return None
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)
 
 
 def _signature(n: Node) -> tuple[tuple[int, ...], int] | None:

@@ -34,6 +34,7 @@ class Fuse:
         users = g.users()
         outputs = {v.id for v in g.outputs}
         nodes, attention = _attention_groups(list(g.nodes), users, outputs, ctx)
+        nodes = _epilogues_together(nodes, attention)
         kernels: list[tuple[int, ...]] = []
         run: list[Node] = []
 
@@ -72,6 +73,43 @@ class Fuse:
             run = [n] if starts else []
         close()
         return replace(g, nodes=tuple(nodes), kernels=tuple(kernels))
+
+
+_IN_PLACE_OPS = (Op.RESHAPE, Op.BROADCAST, Op.TRANSPOSE, Op.FULL, Op.IOTA)
+
+
+def _epilogues_together(nodes: list[Node], attention: dict) -> list[Node]:
+    """Between a matmul and the next one, the computations that do not depend on the matmul
+    move ahead of it, so that what does (its epilogue) follows it without a gap: in an
+    attention backward, D = rowsum(dO * O) sits between dP = dO V^T and dS = P * (dP - D), and
+    would otherwise end the run, sending dP through HBM. Reshapes, broadcasts and constants
+    that only the epilogue reads stay with it: they say how it reads its inputs (a bias, or a
+    row value broadcast over the product). Legal: nothing moved ahead reads what stays
+    behind; each part keeps its order. Attention kernels (already grouped) are left alone."""
+    out = list(nodes)
+    i = 0
+    while i < len(out):
+        if out[i].op is not Op.MATMUL or out[i].out.id in attention:
+            i += 1
+            continue
+        j = next((j for j in range(i + 1, len(out)) if out[j].op is Op.MATMUL), len(out))
+        window = out[i + 1 : j]
+        dep = {out[i].out.id}  # the matmul's result and what is computed from it
+        for n in window:
+            if any(v.id in dep for v in n.inputs):
+                dep.add(n.out.id)
+        readers: dict[int, list[int]] = {}
+        for n in window:
+            for v in n.inputs:
+                readers.setdefault(v.id, []).append(n.out.id)
+        stays = set(dep)
+        for n in reversed(window):
+            if n.op in _IN_PLACE_OPS and all(r in stays for r in readers.get(n.out.id, ())):
+                stays.add(n.out.id)
+        ahead = [n for n in window if n.out.id not in stays]
+        out[i:j] = [*ahead, out[i], *(n for n in window if n.out.id in stays)]
+        i = j
+    return out
 
 
 def _attention_groups(

@@ -123,3 +123,47 @@ def test_ops_after_a_matmul_that_do_not_read_it_still_fuse_among_themselves():
     y = b.op(Op.ADD, b.op(Op.EXP, x), x)
     fused = _check(b.build([mm, y]))
     assert fused.kernels == ((y.id - 1, y.id),)  # exp and add; the matmul alone
+
+
+# An attention backward's softmax step: D = rowsum(dO * O) comes between dP = dO V^T and
+# dS = P * (dP - D), and D has a leading unit dim the matmul's rows do not.
+SOFTMAX_BACKWARD = """graph @main(%0: f32[2,64,32], %1: f32[2,32,96], %2: f32[1,2,64,32], %3: f32[1,2,64,96]) {
+  %4 = matmul %0, %1 : f32[2,64,96]
+  %5 = reshape %4 {shape=[1,2,64,96]} : f32[1,2,64,96]
+  %6 = reshape %0 {shape=[1,2,64,32]} : f32[1,2,64,32]
+  %7 = mul %6, %2 : f32[1,2,64,32]
+  %8 = reduce_sum %7 {axes=[3], keepdim=false} : f32[1,2,64]
+  %9 = reshape %8 {shape=[1,2,64,1]} : f32[1,2,64,1]
+  %10 = broadcast %9 {shape=[1,2,64,96]} : f32[1,2,64,96]
+  %11 = sub %5, %10 : f32[1,2,64,96]
+  %12 = mul %3, %11 : f32[1,2,64,96]
+  return %12
+}
+"""
+
+SOFTMAX_BACKWARD_FUSED = """graph @main(%0: f32[2,64,32], %1: f32[2,32,96], %2: f32[1,2,64,32], %3: f32[1,2,64,96]) {
+  fuse {
+    %6 = reshape %0 {shape=[1,2,64,32]} : f32[1,2,64,32]
+    %7 = mul %6, %2 : f32[1,2,64,32]
+    %8 = reduce_sum %7 {axes=[3], keepdim=false} : f32[1,2,64]
+  }
+  fuse {
+    %4 = matmul %0, %1 : f32[2,64,96]
+    %5 = reshape %4 {shape=[1,2,64,96]} : f32[1,2,64,96]
+    %9 = reshape %8 {shape=[1,2,64,1]} : f32[1,2,64,1]
+    %10 = broadcast %9 {shape=[1,2,64,96]} : f32[1,2,64,96]
+    %11 = sub %5, %10 : f32[1,2,64,96]
+    %12 = mul %3, %11 : f32[1,2,64,96]
+  }
+  return %12
+}
+"""
+
+
+def test_work_between_a_matmul_and_its_epilogue_moves_ahead_golden():
+    """What does not read the product moves ahead of the matmul, so dP = dO V^T never goes
+    to HBM: its epilogue reads D (one value per row, under a unit dim) and P as it leaves
+    PSUM."""
+    g = parse(SOFTMAX_BACKWARD)
+    assert print_graph(Fuse().run(g, CTX)) == SOFTMAX_BACKWARD_FUSED
+    _check(g)
