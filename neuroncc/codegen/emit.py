@@ -51,6 +51,11 @@ class EmitCtx:
         # Transposes folded into the matmul that reads them (emit_matmul): value id -> the
         # buffer holding the untransposed data.
         self.transposed_view: dict[int, str] = {}
+        # ... and where in that buffer the data starts, in elements, where it is a run of a
+        # larger tensor's rows (a slice of W, read in place: lower._rows_read_in_place)
+        self.view_offset: dict[int, int] = {}
+        # slice value id -> (the value it slices, the element its rows start at)
+        self.row_slices: dict[int, tuple[Value, int]] = {}
         # Attention operands read in place (emit_attention.fold_operand_views): value id ->
         # its views.View.
         self.views: dict = {}

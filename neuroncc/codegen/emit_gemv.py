@@ -68,8 +68,9 @@ def gemv_ns(u: Node, t: Target) -> float:
     return x_rows + max(steps * (both + sums), weight)
 
 
-def emit_gemv(ctx: EmitCtx, n: Node, w_buf: str, epilogue: Sequence[Node]) -> None:
-    """out = x @ W^T for the matmul n whose right operand is W^T, with W [N, K] in `w_buf`.
+def emit_gemv(ctx: EmitCtx, n: Node, w_buf: str, w_off: int, epilogue: Sequence[Node]) -> None:
+    """out = x @ W^T for the matmul n whose right operand is W^T, with W [N, K] in `w_buf`
+    from element w_off.
     W's blocks stream in up to W_PREFETCH_BYTES ahead of the multiplies. The results of up to
     128 / rows blocks gather in one tile, res[p, j rows + r] = out[r, n0 + j 128 + p], and
     leave transposed on TensorE, as rows of out (one DMA of 128-element runs, not a 4-byte
@@ -109,7 +110,7 @@ def emit_gemv(ctx: EmitCtx, n: Node, w_buf: str, epilogue: Sequence[Node]) -> No
         for j, (n0, _) in enumerate(members):
             for ci, (c0, w) in enumerate(chunks):
                 wt = w_pool.tile(nt, (w,), dt)
-                b.dma(wt, rect(w_buf, dt, n0 * k + c0, k, nt, w))
+                b.dma(wt, rect(w_buf, dt, w_off + n0 * k + c0, k, nt, w))
                 for r, xt in enumerate(xs):
                     prod = prod_pool.tile(nt, (w,), DType.F32)
                     xr = xt.rows(nt).cols(c0, w)

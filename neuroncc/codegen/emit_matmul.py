@@ -151,8 +151,9 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
     nn = b_v.type.shape[-1]
     dt, odt = a_v.type.dtype, n.out.type.dtype
     w_buf = ctx.transposed_view.get(b_v.id)  # B = W^T with W in HBM as it is
+    w_off = ctx.view_offset.get(b_v.id, 0)  # (W's first element there)
     if ctx.graph.choice(b_v.id, "layout") == "dot":  # dot products with W's rows
-        emit_gemv(ctx, n, w_buf, epilogue)
+        emit_gemv(ctx, n, w_buf, w_off, epilogue)
         return
     folded = ctx.transposed_view.get(a_v.id)  # A^T already in HBM: load it as it is
     a_buf = folded if folded is not None else ctx.buf(a_v)
@@ -165,7 +166,9 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
     if blocking is None:  # the epilogue, if any, as a kernel of its own after the matmul
         out = ctx.alloc(n.out)
         if m and nn:
-            _emit_zero_or_simple(ctx, n, a_buf, b_buf, out, folded is not None, w_buf is not None)
+            _emit_zero_or_simple(
+                ctx, n, a_buf, b_buf, out, folded is not None, w_buf is not None, w_off
+            )
         if epilogue:  # laid out as the product's rows, as the fuse pass planned it
             emit_fused(ctx, epilogue, (n.out.type.shape, 1))
         return
@@ -229,7 +232,7 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
         for j0 in range(0, width, P):  # B[k0:, n0+j0:] is W[n0+j0:, k0:] transposed
             jw = min(P, width - j0)
             wt = w_pool.tile(jw, (kt,), dt)
-            b.dma(wt, rect(b_buf, dt, (n0 + j0) * k + k0, k, jw, kt))
+            b.dma(wt, rect(b_buf, dt, w_off + (n0 + j0) * k + k0, k, jw, kt))
             transpose(bt.cols(j0, jw), wt)
         return bt
 
@@ -293,10 +296,11 @@ def _emit_zero_or_simple(
     out: str,
     a_is_transposed: bool,
     b_is_transposed: bool,
+    w_off: int = 0,
 ) -> None:
     """K == 0 (a zero result), or a K too long to keep A^T on chip: the plain tiled schedule,
     A^T tiles loaded by DMA (element-strided unless `a_buf` already holds A^T), B tiles too
-    where `b_buf` holds W for B = W^T (a 2-D matmul)."""
+    where `b_buf` holds W for B = W^T (a 2-D matmul; from element w_off)."""
     b, t = ctx.b, ctx.target
     a_v, b_v = n.inputs
     *batch, m, k = a_v.type.shape
@@ -328,7 +332,7 @@ def _emit_zero_or_simple(
                         b.dma(at, src)
                         bt = b_pool.tile(kt, (nt,), dt)
                         if b_is_transposed:
-                            src = isa.DramRef(b_buf, n0 * k + k0, dt, ((1, kt), (k, nt)))
+                            src = isa.DramRef(b_buf, w_off + n0 * k + k0, dt, ((1, kt), (k, nt)))
                         else:
                             src = rect(b_buf, dt, b_off + k0 * nn + n0, nn, kt, nt)
                         b.dma(bt, src)
@@ -390,7 +394,10 @@ def emit_transpose_folded(ctx: EmitCtx, n: Node, layout: str) -> None:
             "layout=fold needs a last-two-axes transpose read only by matmuls, as their left "
             "operand or (2-D, on a target with exact TensorE transposes) their right one"
         )
-    ctx.transposed_view[n.out.id] = ctx.buf(n.inputs[0])
+    x = n.inputs[0]
+    if x.id in ctx.row_slices:  # W is rows of a larger tensor, read where they are
+        x, ctx.view_offset[n.out.id] = ctx.row_slices[x.id]
+    ctx.transposed_view[n.out.id] = ctx.buf(x)
 
 
 def emit_transpose_on_pe(ctx: EmitCtx, n: Node) -> None:

@@ -14,6 +14,7 @@ from neuroncc.codegen.emit_attention import (
 from neuroncc.codegen.emit_fused import emit_fused
 from neuroncc.codegen.program import Executable
 from neuroncc.codegen.targets import Target
+from neuroncc.codegen.views import rows_read_in_place
 from neuroncc.errors import CodegenError
 from neuroncc.ir.graph import Graph
 from neuroncc.ir.ops import Op
@@ -31,10 +32,11 @@ def emit_graph(g: Graph, target: Target) -> Executable:
         attention[first] = with_key_facts(g, ap)
     ctx.views, skipped = fold_operand_views(g, list(attention.values()))
     unneeded = _made_on_chip(g, attention, skipped)
+    ctx.row_slices = rows_read_in_place(g)
     i = 0
     while i < len(nodes):
         n = nodes[i]
-        if n.out.id in skipped:  # read in place by an attention kernel
+        if n.out.id in skipped or n.out.id in ctx.row_slices:  # read in place by its readers
             i += 1
             continue
         ids = start.get(n.out.id)

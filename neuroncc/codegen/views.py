@@ -13,7 +13,7 @@ import math
 from collections.abc import Container
 from dataclasses import dataclass
 
-from neuroncc.ir.graph import Node, Value
+from neuroncc.ir.graph import Graph, Node, Value
 from neuroncc.ir.ops import Op
 from neuroncc.ir.types import contiguous_strides
 
@@ -107,3 +107,30 @@ def reshape_strides(
     if math.prod(new) != math.prod(shape):
         return None
     return tuple(out)
+
+
+def rows_read_in_place(g: Graph) -> dict[int, tuple]:
+    """Slices that take whole rows of a tensor (a run of W's output features, after simplify
+    split a fused projection) and are read only as W by matmuls' folded W^T: not emitted; the
+    matmuls read W's rows where they are (EmitCtx.view_offset). Slice id -> (the sliced value,
+    the element the rows start at). Run after the layout pass (its `fold` choices)."""
+    users, outputs, grouped = g.users(), {v.id for v in g.outputs}, g.kernel_of()
+    found = {}
+    for n in g.nodes:
+        if n.op is not Op.SLICE or n.out.id in outputs or n.out.id in grouped:
+            continue
+        shape, starts, stops = n.inputs[0].type.shape, n.attr("starts"), n.attr("stops")
+        rows_only = all(starts[d] == 0 and stops[d] == shape[d] for d in range(1, len(shape)))
+        if not rows_only or set(n.attr("steps")) != {1} or not users[n.out.id]:
+            continue
+        if all(_read_as_folded_w(t, users, outputs, g) for t in users[n.out.id]):
+            found[n.out.id] = (n.inputs[0], starts[0] * math.prod(shape[1:]))
+    return found
+
+
+def _read_as_folded_w(t: Node, users: dict, outputs: set[int], g: Graph) -> bool:
+    if t.op is not Op.TRANSPOSE or g.choice(t.out.id, "layout") not in ("fold", "dot"):
+        return False
+    return t.out.id not in outputs and all(
+        u.op is Op.MATMUL and u.inputs[1].id == t.out.id != u.inputs[0].id for u in users[t.out.id]
+    )

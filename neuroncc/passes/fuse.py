@@ -84,7 +84,7 @@ def _epilogues_together(nodes: list[Node], attention: dict) -> list[Node]:
     attention backward, D = rowsum(dO * O) sits between dP = dO V^T and dS = P * (dP - D), and
     would otherwise end the run, sending dP through HBM. Reshapes, broadcasts and constants
     that only the epilogue reads stay with it: they say how it reads its inputs (a bias, or a
-    row value broadcast over the product). Legal: nothing moved ahead reads what stays
+    row value broadcast over the product); the next matmul's W^T moves ahead. Legal: nothing moved ahead reads what stays
     behind; each part keeps its order. Attention kernels (already grouped) are left alone."""
     out = list(nodes)
     i = 0
@@ -104,7 +104,8 @@ def _epilogues_together(nodes: list[Node], attention: dict) -> list[Node]:
                 readers.setdefault(v.id, []).append(n.out.id)
         stays = set(dep)
         for n in reversed(window):
-            if n.op in _IN_PLACE_OPS and all(r in stays for r in readers.get(n.out.id, ())):
+            read_by = readers.get(n.out.id)
+            if n.op in _IN_PLACE_OPS and read_by and all(r in stays for r in read_by):
                 stays.add(n.out.id)
         ahead = [n for n in window if n.out.id not in stays]
         out[i:j] = [*ahead, out[i], *(n for n in window if n.out.id in stays)]

@@ -31,7 +31,7 @@ from typing import ClassVar
 
 from neuroncc.codegen.builder import ALIGN
 from neuroncc.codegen.intervals import IntervalIndex
-from neuroncc.codegen.views import VIEW_OPS
+from neuroncc.codegen.views import VIEW_OPS, rows_read_in_place
 from neuroncc.ir.graph import Graph, with_choices
 from neuroncc.ir.ops import Op
 from neuroncc.passes.manager import PassContext, register_pass
@@ -82,11 +82,13 @@ def value_lifetimes(g: Graph) -> dict[int, tuple[int, int]]:
             + [last[u.out.id] for u in readers if u.op in VIEW_OPS]
         )
     stored = {}
+    in_place = rows_read_in_place(g)  # slices of W's rows that the matmuls read where they are
     for n in g.nodes:
         vid = n.out.id
         k = kernel_of.get(vid)
         read_outside = any(kernel_of.get(u.out.id) != k for u in users[vid]) or k is None
         aliases = n.op is Op.RESHAPE or g.choice(vid, "layout") in ("fold", "dot")
+        aliases = aliases or vid in in_place
         if vid in outputs or aliases or not read_outside or n.out.type.nbytes == 0:
             continue
         stored[vid] = (position[vid], last[vid])

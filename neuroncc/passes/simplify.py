@@ -8,8 +8,9 @@ Invariant established: no identity reshape/transpose/broadcast/cast/slice, no ch
 reshapes or transposes, no reshape/broadcast/transpose of a constant, no two nodes computing
 the same op on the same inputs, no dead nodes. Plus two algebraic rules for patterns the SDPA
 decomposition makes (`_any_not_neg_inf`, `_scale_after_matmul`), column sums as matmuls (`_column_sum`),
-two for the causal mask (`_logical_unit`, `_compare_difference`), and unit dims dropped
-before a transpose rather than after it (`_unit_dims_first`).
+two for the causal mask (`_logical_unit`, `_compare_difference`), unit dims dropped
+before a transpose rather than after it (`_unit_dims_first`), and a product read in slices
+along its last axis split into a matmul per slice (`_slice_of_matmul`, `_slice_of_transpose`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class _Emitter:
         self.next_id = 1 + max([v.id for v in g.inputs] + [n.out.id for n in g.nodes], default=-1)
         self.producers: dict[int, Node] = {}
         self.cse: dict[tuple, Value] = {}
+        self.sliced_products = sliced_products(g)
 
     def add(self, op: Op, inputs: tuple[Value, ...], attrs: dict) -> Value:
         """Create a new node, simplified like any other."""
@@ -119,6 +121,87 @@ def _unit_dims_first(n: Node, em: _Emitter) -> Value | None:
         return None
     squeezed = em.add(Op.RESHAPE, (src,), {"shape": tuple(src.type.shape[a] for a in order)})
     return em.add(Op.TRANSPOSE, (squeezed,), {"perm": new_perm})
+
+
+def _slice_of_matmul(n: Node, em: _Emitter) -> Value | None:
+    """A slice of a matmul product that only slices along the last axis read (the gate and
+    up halves of a fused SwiGLU projection, `sliced_products`): a matmul of its own with the
+    right operand sliced. The product is never copied, and each part can take its own
+    epilogue."""
+    if n.op != Op.SLICE or n.inputs[0].id not in em.sliced_products:
+        return None
+    view = em.producers[n.inputs[0].id]
+    mm = em.producers[view.inputs[0].id] if view.op == Op.RESHAPE else view
+    a, b = mm.inputs
+    *lead, _last = b.type.shape
+    part = em.add(
+        Op.SLICE,
+        (b,),
+        {
+            "starts": (*[0] * len(lead), n.attr("starts")[-1]),
+            "stops": (*lead, n.attr("stops")[-1]),
+            "steps": (1,) * b.type.rank,
+        },
+    )
+    product = em.add(Op.MATMUL, (a, part), {})
+    if product.type.shape == n.out.type.shape:
+        return product
+    return em.add(Op.RESHAPE, (product,), {"shape": n.out.type.shape})
+
+
+SPLIT_MIN_ROWS = 128  # products with fewer rows are not split (one partition tile of them)
+
+
+def sliced_products(g: Graph) -> set[int]:
+    """Matmul products (or their reshapes that keep the last axis) of at least
+    SPLIT_MIN_ROWS rows read only by slices with unit steps along the last axis: what
+    `_slice_of_matmul` splits."""
+    users, outputs = g.users(), {v.id for v in g.outputs}
+    found = set()
+    for mm in g.nodes:
+        if mm.op != Op.MATMUL or mm.out.id in outputs:
+            continue
+        if math.prod(mm.out.type.shape[:-1]) < SPLIT_MIN_ROWS:
+            continue  # a decode step's few rows: the copies are cheaper than more kernels
+        v = mm.out
+        readers = users[v.id]
+        if len(readers) == 1 and readers[0].op == Op.RESHAPE:  # rows regrouped, N kept
+            shape = readers[0].out.type.shape
+            if shape[-1:] == v.type.shape[-1:] and readers[0].out.id not in outputs:
+                v = readers[0].out
+                readers = users[v.id]
+        if readers and all(_last_axis_slice(u) for u in readers) and v.id not in outputs:
+            found.add(v.id)
+    return found
+
+
+def _last_axis_slice(n: Node) -> bool:
+    if n.op != Op.SLICE or set(n.attr("steps")) != {1}:
+        return False
+    shape = n.inputs[0].type.shape
+    return all(
+        n.attr("starts")[d] == 0 and n.attr("stops")[d] == shape[d] for d in range(len(shape) - 1)
+    )
+
+
+def _slice_of_transpose(n: Node, em: _Emitter) -> Value | None:
+    """A slice of a transposed graph input (a weight W^T) as the transpose of W's slice, so
+    the transpose can still fold into the matmul that reads it (layout's `fold`) and W's
+    slice is read in place."""
+    if n.op != Op.SLICE:
+        return None
+    inner = em.producers.get(n.inputs[0].id)
+    if inner is None or inner.op != Op.TRANSPOSE or inner.inputs[0].id in em.producers:
+        return None
+    perm = inner.attr("perm")
+    x = inner.inputs[0]
+    attrs = {}
+    for key in ("starts", "stops", "steps"):
+        values = [0] * x.type.rank
+        for d, axis in enumerate(perm):
+            values[axis] = n.attr(key)[d]
+        attrs[key] = tuple(values)
+    return em.add(Op.TRANSPOSE, (em.add(Op.SLICE, (x,), attrs),), {"perm": perm})
 
 
 def _constant_fold(n: Node, em: _Emitter) -> Value | None:
@@ -314,6 +397,8 @@ simplify_rules: list[Rule] = [
     _compare_difference,
     _select_constants_late,
     _unit_dims_first,
+    _slice_of_matmul,
+    _slice_of_transpose,
 ]
 
 

@@ -3,15 +3,18 @@ result tile as it leaves PSUM. Golden IR, hypothesis-generated shapes and epilog
 reference interpreter, and the HBM traffic it saves."""
 
 import numpy as np
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import neuroncc
 from neuroncc.codegen.lower import emit_graph
 from neuroncc.codegen.targets import TRN2
 from neuroncc.ir import DType, GraphBuilder, Op, TensorType, interpret, parse, print_graph
 from neuroncc.passes.fuse import Fuse
 from neuroncc.passes.manager import PassContext
 from neuroncc.runtime.simulator import run
+from neuroncc.runtime.stats import STATS
 from neuroncc.runtime.timing import time_executable
 from tests.codegen.test_emit import random_input
 
@@ -167,3 +170,26 @@ def test_work_between_a_matmul_and_its_epilogue_moves_ahead_golden():
     g = parse(SOFTMAX_BACKWARD)
     assert print_graph(Fuse().run(g, CTX)) == SOFTMAX_BACKWARD_FUSED
     _check(g)
+
+
+def test_a_fused_gate_and_up_projection_reads_its_weight_in_place(fresh):
+    """SwiGLU from one projection chunked in two (Phi-3's gate_up_proj): two matmuls reading
+    the halves of W where they are (no slice kernel, no copy of W or of the product), the
+    gate with its SiLU and the up half with the product as epilogues."""
+    torch.manual_seed(0)
+    proj = torch.nn.Linear(64, 512, bias=False)
+
+    def swiglu(x):
+        gate, up = proj(x).chunk(2, dim=-1)
+        return torch.nn.functional.silu(gate) * up
+
+    x = torch.randn(2, 128, 64)
+    neuroncc.reset_stats()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(swiglu, backend="neuron")(x)
+        torch.testing.assert_close(got, swiglu(x), atol=1e-5, rtol=1e-4)
+    (c,) = STATS.executed().values()
+    kernels = [k.name for k in c.exe.kernels if k.stop > k.start]
+    assert not [k for k in kernels if k.startswith("slice.")], kernels
+    assert [k.split(".")[0] for k in kernels] == ["fused", "fused"], kernels

@@ -275,3 +275,46 @@ def test_unit_dims_are_dropped_before_a_transpose():
     inputs = [random_input(v.type) for v in g.inputs]
     for a, b in zip(interpret(after, inputs), interpret(g, inputs), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+SWIGLU = """graph @main(%0: f32[128,16], %1: f32[64,16]) {
+  %2 = transpose %1 {perm=[1,0]} : f32[16,64]
+  %3 = matmul %0, %2 : f32[128,64]
+  %4 = reshape %3 {shape=[1,128,64]} : f32[1,128,64]
+  %5 = slice %4 {starts=[0,0,0], stops=[1,128,32], steps=[1,1,1]} : f32[1,128,32]
+  %6 = slice %4 {starts=[0,0,32], stops=[1,128,64], steps=[1,1,1]} : f32[1,128,32]
+  %7 = sigmoid %5 : f32[1,128,32]
+  %8 = mul %5, %7 : f32[1,128,32]
+  %9 = mul %8, %6 : f32[1,128,32]
+  return %9
+}
+"""
+
+SWIGLU_AFTER = """graph @main(%0: f32[128,16], %1: f32[64,16]) {
+  %11 = slice %1 {starts=[0,0], stops=[32,16], steps=[1,1]} : f32[32,16]
+  %12 = transpose %11 {perm=[1,0]} : f32[16,32]
+  %13 = matmul %0, %12 : f32[128,32]
+  %14 = reshape %13 {shape=[1,128,32]} : f32[1,128,32]
+  %16 = slice %1 {starts=[32,0], stops=[64,16], steps=[1,1]} : f32[32,16]
+  %17 = transpose %16 {perm=[1,0]} : f32[16,32]
+  %18 = matmul %0, %17 : f32[128,32]
+  %19 = reshape %18 {shape=[1,128,32]} : f32[1,128,32]
+  %7 = sigmoid %14 : f32[1,128,32]
+  %8 = mul %14, %7 : f32[1,128,32]
+  %9 = mul %8, %19 : f32[1,128,32]
+  return %9
+}
+"""
+
+
+def test_a_product_read_in_slices_is_a_matmul_per_slice():
+    """A fused gate/up projection split by its readers: each half is x @ (rows of W)^T, so
+    the product is never copied into halves and each half can take its own epilogue; a
+    decode step's product (fewer than SPLIT_MIN_ROWS rows) stays whole."""
+    g = parse(SWIGLU)
+    after = Simplify().run(g, CTX)
+    assert print_graph(after) == SWIGLU_AFTER
+    inputs = [random_input(v.type) for v in g.inputs]
+    np.testing.assert_allclose(interpret(after, inputs)[0], interpret(g, inputs)[0], rtol=1e-6)
+    decode = parse(SWIGLU.replace("128", "4"))
+    assert print_graph(Simplify().run(decode, CTX)).count("matmul") == 1
