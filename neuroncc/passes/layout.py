@@ -37,6 +37,7 @@ from neuroncc.codegen.emit_matmul import (
     TRANSPOSE_RUN_BYTES,
     foldable,
     largest_blocking,
+    pe_matmul_ns,
     pe_source,
     pe_transposable,
 )
@@ -104,20 +105,6 @@ def _attention_operand_chains(g: Graph, t: Target) -> set[int]:
     """The nodes the attention kernels read in place (they are not emitted)."""
     plans = [ap for ap in attention_plans(g, t).values() if ap is not None]
     return fold_operand_views(g, plans)[1] if plans else set()
-
-
-def pe_matmul_ns(u: Node, t: Target) -> float:
-    """The matmul u on TensorE: one instruction per [128, 128] x [128, 512] block of A and B."""
-    *batch, m, k = u.inputs[0].type.shape
-    nn, dt = u.out.type.shape[-1], u.inputs[0].type.dtype
-    stationary = isa.TileRef("sbuf", 0, min(P, k), 0, dt, (min(P, m),))
-    moving = isa.TileRef("sbuf", 0, min(P, k), 0, dt, (min(t.pe_moving_fmax, nn),))
-    acc = isa.TileRef("psum", 0, min(P, m), 0, DType.F32, (min(t.pe_moving_fmax, nn),))
-    one = instr_ns(
-        isa.Matmul("pe", dst=acc, stationary=stationary, moving=moving, accumulate=True), t
-    )
-    blocks = math.prod(batch) * math.ceil(m / P) * math.ceil(k / P)
-    return blocks * math.ceil(nn / t.pe_moving_fmax) * one
 
 
 def pe_ns(n: Node, t: Target) -> float:

@@ -4,7 +4,7 @@ what the reference interpreter computes, at and across every tile boundary."""
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from neuroncc.codegen import isa
@@ -72,6 +72,34 @@ def test_matmul_tiles(m, k, n, batch, dtype):
     matmuls = [i for i in exe.instructions if i.opcode == "matmul"]
     assert all(i.stationary.np <= 128 and i.stationary.free_elems <= 128 for i in matmuls)
     assert all(i.moving.free_elems <= 512 for i in matmuls)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    m=st.integers(1, 64),
+    k=st.integers(1, 700),
+    n=st.integers(1, 5000),
+    dtype=st.sampled_from([DType.F32, DType.BF16]),
+)
+@example(m=3, k=300, n=1000, dtype=DType.F32)  # partial k and n blocks
+@example(m=64, k=700, n=5000, dtype=DType.BF16)  # two blocks per group, many groups
+@example(m=1, k=129, n=4100, dtype=DType.F32)  # 32 blocks per group
+def test_matmuls_of_few_rows(m, k, n, dtype):
+    """A few rows of x (a decode step) against B as it is in HBM: B's blocks stationary where
+    the cost model says that is faster (emit_few_rows), results transposed back, exact."""
+    b = GraphBuilder()
+    x, w = b.input(TensorType((m, k), dtype)), b.input(TensorType((k, n), dtype))
+    g = b.build([b.op(Op.MATMUL, x, w)])
+    tol = 1e-5 if dtype == DType.F32 else 1e-2
+    check(g, rtol=tol, atol=tol * k**0.5)
+
+
+def test_a_skinny_matmul_keeps_b_stationary():
+    b = GraphBuilder()
+    x, w = b.input(TensorType((1, 1024), DType.F32)), b.input(TensorType((1024, 2048), DType.F32))
+    exe = check(b.build([b.op(Op.MATMUL, x, w)]), atol=1e-4)
+    products = [i for i in exe.instructions if i.opcode == "matmul" and not i.transpose]
+    assert len(products) == 8 * 16 and all(i.moving.free_elems == 1 for i in products)
 
 
 @pytest.mark.parametrize("shape", [(1,), (300, 7), (3, 5000), (2, 3, 129)])
