@@ -27,7 +27,7 @@ def run(
         raise SimulationError(f"executable was built for {exe.target}, not {target.name}")
     if len(inputs) != len(exe.inputs):
         raise SimulationError(f"executable takes {len(exe.inputs)} inputs, got {len(inputs)}")
-    mem = Memories(exe, target)
+    mem = Memories(exe, target, checked=check_races)
     for loc, x in zip(exe.inputs, inputs, strict=True):
         if x.shape != loc.shape or x.dtype != loc.dtype.numpy:
             raise SimulationError(
