@@ -56,6 +56,8 @@ class EmitCtx:
         self.view_offset: dict[int, int] = {}
         # slice value id -> (the value it slices, the element its rows start at)
         self.row_slices: dict[int, tuple[Value, int]] = {}
+        # matmul left operands read through a head merge: operand id -> views.MergedHeads
+        self.merged_heads: dict = {}
         # Attention operands read in place (emit_attention.fold_operand_views): value id ->
         # its views.View.
         self.views: dict = {}

@@ -158,6 +158,7 @@ def few_rows_fits(ctx: EmitCtx, n: Node) -> bool:
     if k * a_v.type.dtype.itemsize > FEW_ROWS_X_BYTES:
         return False
     viewed = a_v.id in ctx.transposed_view or b_v.id in ctx.transposed_view
+    viewed = viewed or a_v.id in ctx.merged_heads
     if viewed or not a_v.type.dtype.is_float or a_v.type.dtype != b_v.type.dtype:
         return False
     return _few_rows_pe_ns(n, ctx.target) < pe_matmul_ns(n, ctx.target)
@@ -281,13 +282,16 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
         emit_few_rows(ctx, n, epilogue)
         return
     folded = ctx.transposed_view.get(a_v.id)  # A^T already in HBM: load it as it is
-    a_buf = folded if folded is not None else ctx.buf(a_v)
+    merge = ctx.merged_heads.get(a_v.id)  # A read through a head merge (views.MergedHeads)
+    a_buf = folded if folded is not None else None if merge else ctx.buf(a_v)
     b_buf = w_buf if w_buf is not None else ctx.buf(b_v)
     nf = t.pe_moving_fmax
     epi_plan = epilogue_plan(n, epilogue, t) if epilogue else None
     on_pe = folded is None and t.pe_exact_transpose
     largest = largest_blocking(n, epilogue, folded is not None, t, w_buf is not None)
     blocking = _blocking(ctx, n, largest, on_pe or w_buf is not None)
+    if merge is not None and (blocking is None or not on_pe):
+        raise CodegenError("a merged-heads operand needs the blocked schedule with A^T on chip")
     if blocking is None:  # the epilogue, if any, as a kernel of its own after the matmul
         out = ctx.alloc(n.out)
         if m and nn:
@@ -342,7 +346,12 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
             if k0 == c0:
                 width = min(chunk, k - c0)
                 chunks[j] = a_pool.tile(mt, (width,), dt)
-                src = rect(a_buf, dt, bi * m * k + r0 * k + c0, k, mt, width)
+                if merge is not None:  # A[s, h * D + d] = O[h, s, d]
+                    sd, dd = merge.seq * merge.dim, merge.dim
+                    dims = ((dd, mt), (sd, width // dd), (1, dd))
+                    src = isa.DramRef(ctx.buf(merge.o), c0 // dd * sd + r0 * dd, dt, dims)
+                else:
+                    src = rect(a_buf, dt, bi * m * k + r0 * k + c0, k, mt, width)
                 b.dma(chunks[j], src)
             transpose(at_slots[ki].cols(j * P, mt), chunks[j].cols(k0 - c0, min(P, k - k0)))
 

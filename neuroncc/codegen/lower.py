@@ -14,7 +14,7 @@ from neuroncc.codegen.emit_attention import (
 from neuroncc.codegen.emit_fused import emit_fused
 from neuroncc.codegen.program import Executable
 from neuroncc.codegen.targets import Target
-from neuroncc.codegen.views import rows_read_in_place
+from neuroncc.codegen.views import merged_heads, rows_read_in_place
 from neuroncc.errors import CodegenError
 from neuroncc.ir.graph import Graph
 from neuroncc.ir.ops import Op
@@ -33,6 +33,8 @@ def emit_graph(g: Graph, target: Target) -> Executable:
     ctx.views, skipped = fold_operand_views(g, list(attention.values()))
     unneeded = _made_on_chip(g, attention, skipped)
     ctx.row_slices = rows_read_in_place(g)
+    ctx.merged_heads = merged_heads(g, target.pe_exact_transpose)
+    skipped = skipped | {vid for merge in ctx.merged_heads.values() for vid in merge.nodes}
     i = 0
     while i < len(nodes):
         n = nodes[i]

@@ -134,3 +134,48 @@ def _read_as_folded_w(t: Node, users: dict, outputs: set[int], g: Graph) -> bool
     return t.out.id not in outputs and all(
         u.op is Op.MATMUL and u.inputs[1].id == t.out.id != u.inputs[0].id for u in users[t.out.id]
     )
+
+
+MERGED_HEADS_MAX_K_BYTES = 16 * 1024  # (so one M tile of A^T always fits SBUF: blocked path)
+
+
+@dataclass(frozen=True)
+class MergedHeads:
+    """A = reshape(transpose(O, [0, 2, 1, 3]), [S, H * D]) for O [1, H, S, D]: attention's
+    output with its heads merged, read by matmuls as their left operand straight from O
+    (A[s, h * D + d] = O[h, s, d]), so the transpose is not a kernel of its own."""
+
+    o: Value
+    heads: int
+    seq: int
+    dim: int
+    nodes: tuple[int, ...]  # the transpose and the reshape, not emitted
+
+
+def merged_heads(g: Graph, pe_transposes: bool) -> dict[int, MergedHeads]:
+    """Matmul left operands read through a head merge (MergedHeads), by operand id. Only on
+    targets whose matmuls transpose A on TensorE (the rows are loaded as they are)."""
+    if not pe_transposes:
+        return {}
+    users, producers, outputs = g.users(), g.producers(), {v.id for v in g.outputs}
+    grouped = g.kernel_of()
+    found = {}
+    for r in g.nodes:
+        t = producers.get(r.inputs[0].id) if r.op is Op.RESHAPE else None
+        if t is None or t.op is not Op.TRANSPOSE or tuple(t.attr("perm")) != (0, 2, 1, 3):
+            continue
+        o = t.inputs[0]
+        one, heads, seq, dim = o.type.shape
+        readers = users[r.out.id]
+        if one != 1 or r.out.type.shape != (seq, heads * dim) or 128 % dim or seq < 128:
+            continue  # (a decode step's few rows: their matmuls take other schedules)
+        if users[t.out.id] != [r] or {t.out.id, r.out.id} & (outputs | set(grouped)):
+            continue
+        if not readers or any(u.op is not Op.MATMUL or u.inputs[0].id != r.out.id for u in readers):
+            continue
+        if any(u.inputs[1].id == r.out.id for u in readers) or not o.type.dtype.is_float:
+            continue
+        if heads * dim * o.type.dtype.itemsize > MERGED_HEADS_MAX_K_BYTES:
+            continue
+        found[r.out.id] = MergedHeads(o, heads, seq, dim, (t.out.id, r.out.id))
+    return found

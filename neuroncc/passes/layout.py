@@ -7,7 +7,8 @@ pass decides, per TRANSPOSE, how codegen realises it:
 - `fold`: no kernel at all. A last-two-axes transpose that only matmuls read as their left
   operand is what they need anyway: they load A^T from its input directly (emit_matmul). So
   are the transposes an attention kernel reads in place through strided views (Note
-  [attention operands] in emit_attention.py). A weight's W^T read as the right operand of 2-D
+  [attention operands] in emit_attention.py), and an attention output's head merge that
+  matmuls read as their left operand (views.MergedHeads). A weight's W^T read as the right operand of 2-D
   matmuls folds where transposing W on chip as each matmul loads it (once per M block) costs
   less than a transpose kernel, which also writes W^T to HBM and reads it back.
 - `dot`: W^T read by matmuls of a few rows (a decode step's `x @ W.T`): their dot products
@@ -42,6 +43,7 @@ from neuroncc.codegen.emit_matmul import (
     pe_transposable,
 )
 from neuroncc.codegen.targets import Target
+from neuroncc.codegen.views import merged_heads
 from neuroncc.ir.graph import Graph, Node, with_choices
 from neuroncc.ir.ops import Op
 from neuroncc.ir.types import DType
@@ -58,6 +60,8 @@ class Layout:
         outputs = {v.id for v in g.outputs}
         in_kernel = g.kernel_of()
         read_in_place = _attention_operand_chains(g, ctx.target)
+        for merge in merged_heads(g, ctx.target.pe_exact_transpose).values():
+            read_in_place.update(merge.nodes)  # matmuls read attention's output as it is
         made: dict[int, str] = {}
         producers = g.producers()
         for n in g.nodes:

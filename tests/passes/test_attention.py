@@ -186,3 +186,21 @@ def test_no_attention_kernel_without_an_exact_transpose():
     """trn1 has no exact TensorE transpose, which P V needs: the group is not formed."""
     fused = Fuse().run(parse(SDPA), PassContext(TRN1))
     assert not any(ids[0] == 3 and 12 in ids for ids in fused.kernels)
+
+
+def test_the_output_projection_reads_the_heads_where_attention_left_them(fresh):
+    """o.transpose(1, 2).reshape(b, s, h * d) @ W^T: the matmul loads its rows of A from
+    attention's [1, H, S, D] output (views.MergedHeads), so the head merge is no kernel."""
+    torch.manual_seed(0)
+    proj = torch.nn.Linear(96, 96)
+
+    def fn(q, k, v):
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return proj(o.transpose(1, 2).reshape(1, 200, 96))
+
+    q, k, v = _qkv(1, 3, 200, 200, 32)
+    with torch.no_grad():
+        names = _compile_and_check(fn, [q, k, v])
+    working = [k.name for c in STATS.executed().values() for k in c.exe.kernels if k.stop > k.start]
+    assert not [n for n in working if n.startswith("transpose.")], working
+    assert sum(n.startswith("attention.") for n in names) == 1
