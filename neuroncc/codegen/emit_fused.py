@@ -102,6 +102,10 @@ class RowKernel:
         whole_rows = not p.flat and step_cols == p.cols
         escaping_ids = {v.id for v in self.escaping}
         self.act_reduce = _activation_reduces(nodes, p, users, escaping_ids) if whole_rows else {}
+        self.square_sums = _square_sums(nodes, p, users, escaping_ids) if whole_rows else {}
+        if self.square_sums:  # their activation's bias: none
+            self.zero = b.sbuf_pool(64, bufs=1).tile(min(P, p.rows), (1,), DType.F32)
+            b.emit(isa.Memset("pool", dst=self.zero, value=0.0))
         # Buffers as the kernel will compute: an activation-reduce reads x and the row itself.
         planned = _as_computed(nodes, self.act_reduce)
         self.slots = assign_slots(planned, p)
@@ -264,6 +268,30 @@ def _activation_reduces(
     return found
 
 
+def _square_sums(
+    nodes: Sequence[Node], p: RowPlan, users: dict, escaping: set[int]
+) -> dict[int, Node]:
+    """x * x (or x ** 2) read only by its sum over the row (a variance, RMSNorm's mean
+    square): one ScalarE activation_reduce (square, summed as it writes) in place of
+    VectorE's multiply and reduction, the two slowest passes of a norm. Returns the multiply's
+    id -> the sum."""
+    twos = {n.out.id for n in nodes if n.op is Op.FULL and float(n.attr("value")) == 2.0}
+    found = {}
+    for n in nodes:
+        x = n.inputs[0] if n.inputs else None
+        squares = (n.op is Op.MUL and x.id == n.inputs[1].id) or (
+            n.op is Op.POW and n.inputs[1].id in twos
+        )
+        if not squares or p.kind.get(n.out.id) != "full":
+            continue
+        if n.out.id in escaping or not x.type.dtype.is_float or not n.out.type.dtype.is_float:
+            continue
+        readers = users[n.out.id]
+        if len(readers) == 1 and readers[0].op is Op.REDUCE_SUM and p.kind.get(x.id) == "full":
+            found[n.out.id] = readers[0]
+    return found
+
+
 def _passed_columns(k: RowKernel, n: Node, passed: dict, c0: int, f: int) -> int:
     """Leading columns of a step where the select n leaves its `a` input as it is: its
     condition is true there and it writes over a's tile."""
@@ -393,6 +421,20 @@ def generated_values(nodes: Sequence[Node], roots: Mapping[int, tuple]) -> dict 
     return made
 
 
+def _emit_square_sum(k: RowKernel, n: Node, dst, x, tiles: dict, rp: int) -> None:
+    """n = x * x summed over the row (_square_sums): one ScalarE pass."""
+    b, total = k.ctx.b, k.square_sums[n.out.id]
+    acc = k.row_pool.tile(rp, (1,), DType.F32)
+    b.emit(
+        isa.ActivationReduce("act", func="square", dst=dst, src=x, bias=k.zero.rows(rp), acc=acc)
+    )
+    if total.out.type.dtype != DType.F32:
+        converted = k.row_pool.tile(rp, (1,), total.out.type.dtype)
+        b.emit(isa.TensorCopy("dve", dst=converted, src=acc))
+        acc = converted
+    tiles[total.out.id] = acc
+
+
 def _load_period(ctx, v: Value, t: isa.TileRef, r0: int, rp: int, c0: int, f: int, cols: int):
     """Rows r0..r0+rp of a value whose rows repeat every R' (its own row count): one DMA per
     run of rows that does not wrap around."""
@@ -454,6 +496,7 @@ def _tile_ops(k: RowKernel, r0: int, rp: int, c0: int, f: int, tiles: dict, pass
 
     skip = {diff.out.id for diff, _ in k.act_reduce.values()}
     skip |= {total.out.id for _, total in k.act_reduce.values()}
+    skip |= {total.out.id for total in k.square_sums.values()}
     for n in nodes:
         if n.out.id in k.dead:
             continue
@@ -504,6 +547,8 @@ def _tile_ops(k: RowKernel, r0: int, rp: int, c0: int, f: int, tiles: dict, pass
                 b.emit(k.balance.place(_compute_instr(n, dst.cols(lo, f - lo), cut)))
         elif n.out.id in k.act_reduce:
             _emit_activation_reduce(k, n, dst, tiles, rp)
+        elif n.out.id in k.square_sums:  # (x's tile: the first operand)
+            _emit_square_sum(k, n, dst, srcs[0], tiles, rp)
         elif n.op in REDUCE_OPS:
             acc_dt = DType.F32 if n.inputs[0].type.dtype.is_float else DType.I64
             acc = dst if dst.dtype == acc_dt else k.row_pool.tile(rp, (1,), acc_dt)

@@ -176,6 +176,7 @@ UNARY: dict = {
         "sin": np.sin,
         "cos": np.cos,
         "copy": lambda x: x,
+        "square": np.square,  # (an activation only: x * x summed by activation_reduce)
     }.items()
 }
 

@@ -146,7 +146,7 @@ def test_a_mask_broadcast_over_heads_is_read_in_place_per_row_step():
 def test_constants_of_a_group_are_immediates_of_tensor_scalar():
     g = parse(
         """graph @main(%0: f32[256,64]) {
-  %1 = full {shape=[256,64], value=2, dtype=f32} : f32[256,64]
+  %1 = full {shape=[256,64], value=3, dtype=f32} : f32[256,64]
   %2 = pow %0, %1 : f32[256,64]
   %3 = reduce_sum %2 {axes=[1], keepdim=true} : f32[256,1]
   %4 = broadcast %3 {shape=[256,64]} : f32[256,64]
@@ -159,7 +159,7 @@ def test_constants_of_a_group_are_immediates_of_tensor_scalar():
     assert len(fused.kernels) == 1
     exe = emit_graph(fused, TRN2)
     pows = [i for i in exe.instructions if getattr(i, "op", None) == "pow"]
-    assert pows and all(i.opcode == "tensor_scalar" and i.scalar == 2.0 for i in pows)
+    assert pows and all(i.opcode == "tensor_scalar" and i.scalar == 3.0 for i in pows)
     x = random_input(g.inputs[0].type)
     np.testing.assert_allclose(run(exe, [x], TRN2)[0], interpret(g, [x])[0], rtol=1e-6)
 
@@ -195,3 +195,29 @@ def test_softmax_exp_and_sum_are_one_activation_reduce(dtype):
         np.testing.assert_allclose(
             got.astype(np.float32), want.astype(np.float32), rtol=tol, atol=tol
         )
+
+
+@pytest.mark.parametrize("square", ["mul %3, %3", "pow %3, %4"])
+def test_a_sum_of_squares_is_one_activation_reduce(square):
+    """A variance (LayerNorm) or mean square (RMSNorm): x * x and its row sum are one ScalarE
+    activation_reduce, not a VectorE multiply and reduction."""
+    g = parse(
+        f"""graph @main(%0: f32[300,200], %1: f32[300,1]) {{
+  %2 = broadcast %1 {{shape=[300,200]}} : f32[300,200]
+  %3 = sub %0, %2 : f32[300,200]
+  %4 = full {{shape=[300,200], value=2, dtype=f32}} : f32[300,200]
+  %5 = {square} : f32[300,200]
+  %6 = reduce_sum %5 {{axes=[1], keepdim=true}} : f32[300,1]
+  %7 = broadcast %6 {{shape=[300,200]}} : f32[300,200]
+  %8 = mul %3, %7 : f32[300,200]
+  return %8
+}}
+"""
+    )
+    fused = Fuse().run(g, CTX)
+    exe = emit_graph(fused, TRN2)
+    squares = [i for i in exe.instructions if i.opcode == "activation_reduce"]
+    assert len(squares) == 3 and {i.func for i in squares} == {"square"}  # one per row step
+    assert not [i for i in exe.instructions if i.opcode == "tensor_reduce"]
+    xs = [random_input(v.type) for v in g.inputs]
+    np.testing.assert_allclose(run(exe, xs, TRN2)[0], interpret(g, xs)[0], rtol=1e-6)
