@@ -45,10 +45,21 @@ def emit_fused(
     kernel = RowKernel(ctx, nodes, p, chunk, chunk)
     if p.rows == 0 or p.cols == 0:
         return  # empty tensors: the buffers exist, nothing moves
-    for r0 in range(0, p.rows, P):
-        rp = min(P, p.rows - r0)
-        for c0 in range(0, p.cols, chunk):
-            kernel.step(r0, rp, c0, min(chunk, p.cols - c0))
+    steps = [
+        (r0, min(P, p.rows - r0), c0, min(chunk, p.cols - c0))
+        for r0 in range(0, p.rows, P)
+        for c0 in range(0, p.cols, chunk)
+    ]
+    # Each step's inputs are loaded before the step ahead of it computes and stores: DMAs
+    # share the engines in the order they are issued, so a load issued after the previous
+    # step's store would wait behind it.
+    # (With two rounds in flight the load would wait for the step ahead to finish anyway.)
+    early = kernel.rounds >= 3
+    loaded = kernel.prefetch(*steps[0]) if early else {}
+    for i, step in enumerate(steps):
+        ahead = kernel.prefetch(*steps[i + 1]) if early and i + 1 < len(steps) else {}
+        kernel.step(*step, loaded)
+        loaded = ahead
 
 
 class RowKernel:
@@ -118,7 +129,7 @@ class RowKernel:
         self.dead = _unread(nodes, roots, self.aliased, self.act_reduce) if self.aliased else set()
         # Pools hold two or three rounds of what one step allocates, so step i+1 loads while
         # step i computes and no value is overwritten while live.
-        rounds = rounds or rounds_in_flight(nodes, p, ctx.target, reserve)
+        rounds = self.rounds = rounds or rounds_in_flight(nodes, p, ctx.target, reserve)
         self.slot_pools = [
             b.sbuf_pool(step_cols * itemsize, bufs=rounds * n) for n in values_per_slot(planned, p)
         ]
@@ -168,6 +179,24 @@ class RowKernel:
             self.gen_pool = b.sbuf_pool(GEN_COLS, bufs=GEN_CACHED)
             self.iota_pool = b.sbuf_pool(GEN_COLS * 4, bufs=2)
         self.gen_tiles: dict[tuple, isa.TileRef] = {}  # (base, pstep, fstep, rows, cols)
+
+    def prefetch(self, r0: int, rp: int, c0: int, f: int) -> dict[int, isa.TileRef]:
+        """The full inputs of step (r0, rp, c0, f) loaded ahead of it, as its `given`."""
+        ctx, p = self.ctx, self.p
+        defined = {n.out.id for n in self.nodes}
+        tiles = {}
+        for n in self.nodes:
+            if n.out.id in self.dead or n.out.id in self.aliased:
+                continue
+            for v in n.inputs:
+                if v.id in defined or v.id in tiles or p.kind.get(v.id) != "full":
+                    continue
+                if v.id in self.generated:
+                    continue
+                t = self.slot_pools[self.slots[v.id]].tile(rp, (f,), v.type.dtype)
+                ctx.b.dma(t, rect(ctx.buf(v), v.type.dtype, r0 * p.cols + c0, p.cols, rp, f))
+                tiles[v.id] = t
+        return tiles
 
     def step(
         self, r0: int, rp: int, c0: int, f: int, given: dict[int, isa.TileRef] | None = None
