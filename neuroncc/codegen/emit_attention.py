@@ -17,7 +17,9 @@ them in place (Note [attention operands]); per block of 128 query rows it
 Key tiles that a constant mask (a causal one) makes irrelevant to a query block are skipped:
 no scores, no row group columns, no P V for them (Note [dead keys], codegen/dead_keys.py).
 Such a mask is made on chip, an iota and a compare for the tiles the select runs on (Note
-[generated masks]), and the kernel that computed it into HBM is not emitted (lower.py).
+[generated masks]), and the kernel that computed it into HBM is not emitted (lower.py). Where
+P itself is read outside (a training forward saves it), its skipped keys are exactly 0 and are
+stored from a zero tile (`zero_fill`).
 Where P is then `e / s` for the row sum s (the safe-softmax select settled), the row group
 stops at e and the output rows are scaled by 1 / s as they leave PSUM, FlashAttention's
 deferred normalisation: one pass over the scores fewer (`with_key_facts`).
@@ -47,6 +49,7 @@ from neuroncc.ir.types import DType
 
 SBUF_SHARE = 0.85  # of a partition, for the whole kernel
 SPAN = 6  # steps in flight: Qᵀ three steps ahead of the row group, P V two steps behind
+ZERO_COLS = 512  # the zero tile P's dead keys are stored from (`zero_fill`), per DMA
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,7 @@ class AttentionPlan:
     true_prefix: tuple[tuple[int, tuple[int, ...]], ...] = ()
     # inputs of the row group made on chip: id -> (base, pstep, fstep) (Note [generated masks])
     generated: tuple[tuple[int, tuple[int, int, int]], ...] = ()
+    zero_fill: bool = False  # P is read outside: its dead keys are stored as zeros
 
     @property
     def chunks(self) -> int:
@@ -244,7 +248,7 @@ def _kernel_bytes(ap: AttentionPlan) -> int:
         2 * ap.d * qd + 3 * P * qd + 3 * ap.n * sd + 2 * key_tiles * P * pd
     )
     inverses = 4 * u * 64  # 1 / row sum of the steps in flight (`deferred`)
-    extra = inverses + GENERATED_BYTES  # (a generated mask's tiles, if it has one)
+    extra = inverses + GENERATED_BYTES + ZERO_COLS * pd  # (a generated mask, zeros of P)
     return kv + blocks + 2 * u * ap.dv * od + 2 * P * (max(qd, pd) + 4) + extra
 
 
@@ -274,7 +278,12 @@ def with_key_facts(g: Graph, ap: AttentionPlan) -> AttentionPlan:
     def read_outside(vid: int) -> bool:
         return vid in outputs or any(u.out.id not in inside for u in users[vid])
 
-    wide_outside = any(x.out.type.shape[-1:] == (ap.n,) and read_outside(x.out.id) for x in ap.rows)
+    # A full row read outside must be whole, except P: on dead keys it is exactly 0, so the
+    # kernel stores zeros there instead of computing them (`zero_fill`: a training forward
+    # saving P for its backward).
+    wide = [x.out.id for x in ap.rows if x.out.type.shape[-1:] == (ap.n,)]
+    wide_outside = any(read_outside(v) for v in wide if v != ap.p_id)
+    zero_fill = read_outside(ap.p_id) and not wide_outside
     blocks = query_blocks(ap)
     facts = dead_keys.analyse(g, ap.rows, sorted(ap.given), ap.p_id, blocks, ap.m, ap.n, P)
     aliases = dict(facts.settled)
@@ -291,6 +300,7 @@ def with_key_facts(g: Graph, ap: AttentionPlan) -> AttentionPlan:
     return replace(
         ap,
         live=None if wide_outside else facts.live,
+        zero_fill=zero_fill and facts.live is not None,
         aliases=tuple(sorted(aliases.items())),
         deferred=deferred,
         true_prefix=tuple(sorted(facts.true_prefix.items())),
@@ -514,10 +524,28 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
         ]
         for blk, tiles in zip(step, row.steps(specs), strict=True):
             ps[blk] = tiles[ap.p_id]
+            if ap.zero_fill:
+                store_zeros(blk)
             if deferred is not None:
                 inverses[blk] = inv = inv_pool.tile(blk[2], (1,), DType.F32)
                 src = tiles[deferred[1]]
                 b.emit(isa.Activation("act", func="reciprocal", dst=inv, src=src))
+
+    p_value = next(x.out for x in ap.rows if x.out.id == ap.p_id)
+    if ap.zero_fill:
+        zeros = b.sbuf_pool(ZERO_COLS * p_value.type.dtype.itemsize, bufs=1).tile(
+            P, (ZERO_COLS,), p_value.type.dtype
+        )
+        b.emit(isa.Memset("pool", dst=zeros, value=0.0))
+
+    def store_zeros(blk: Block) -> None:
+        """P's dead keys of a block (Note [dead keys]: exactly 0 there), from the zero tile."""
+        bi, r0, rp = blk
+        row = (bi * m + r0) * n
+        for c0 in range(keys[blk], n, ZERO_COLS):
+            w = min(ZERO_COLS, n - c0)
+            dst = rect(ctx.buf(p_value), p_value.type.dtype, row + c0, n, rp, w)
+            b.dma(dst, zeros.rows(rp).cols(0, w))
 
     def transpose_probs(blk: Block) -> None:
         p_tile, rp = ps.pop(blk), blk[2]

@@ -251,3 +251,27 @@ def test_a_mask_from_an_input_is_still_loaded(fresh):
     mask = torch.ones(256, 256, dtype=torch.bool).tril()
     _run(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), [q, k, v, mask])
     assert _mask_traffic()[1]
+
+
+def test_a_training_forward_skips_dead_keys_and_stores_p_whole(fresh):
+    """The forward saves P for the backward: P is stored whole, its dead keys as zeros from
+    a zero tile (AttentionPlan.zero_fill), while the kernel still skips computing them; the
+    gradients are eager's."""
+    q, k, v = (x.requires_grad_() for x in _qkv())
+    neuroncc.reset_stats()
+    torch._dynamo.reset()
+    sdpa = F.scaled_dot_product_attention
+    torch.compile(lambda q, k, v: sdpa(q, k, v, is_causal=True), backend="neuron")(
+        q, k, v
+    ).square().sum().backward()
+    grads = [x.grad.clone() for x in (q, k, v)]
+    forward = [c for name, c in STATS.executed().items() if "forward" in name]
+    assert forward and _attention_matmuls() >= 2 * (4 + 10)
+    kernels = [k for k in forward[0].exe.kernels if k.name.startswith("attention.")]
+    ins = forward[0].exe.instructions[kernels[0].start : kernels[0].stop]
+    assert sum(i.opcode == "matmul" and not i.transpose for i in ins) == 2 * (4 + 10)
+    for x in (q, k, v):
+        x.grad = None
+    sdpa(q, k, v, is_causal=True).square().sum().backward()
+    for got, want in zip(grads, (q.grad, k.grad, v.grad), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
