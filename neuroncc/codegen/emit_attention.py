@@ -39,7 +39,7 @@ from neuroncc.codegen import dead_keys, isa
 from neuroncc.codegen.builder import TilePool
 from neuroncc.codegen.emit import EmitCtx, P, rect
 from neuroncc.codegen.emit_fused import GENERATED_BYTES, RowKernel, generated_values
-from neuroncc.codegen.emit_matmul import PeTransposer
+from neuroncc.codegen.pe_transpose import PeTransposer
 from neuroncc.codegen.row_plan import RowPlan, plan, sbuf_bytes
 from neuroncc.codegen.targets import Target
 from neuroncc.codegen.views import View, strided_view

@@ -18,6 +18,7 @@ from collections.abc import Container, Mapping, Sequence
 from neuroncc.codegen import costs, isa
 from neuroncc.codegen.emit import EmitCtx, P, rect
 from neuroncc.codegen.emit_fused import EngineBalancer, emit_fused
+from neuroncc.codegen.pe_transpose import PeTransposer
 from neuroncc.codegen.targets import Target
 from neuroncc.ir.graph import Node
 from neuroncc.ir.ops import Op
@@ -75,7 +76,6 @@ def emit_gemv(ctx: EmitCtx, n: Node, w_buf: str, w_off: int, epilogue: Sequence[
     128 / rows blocks gather in one tile, res[p, j rows + r] = out[r, n0 + j 128 + p], and
     leave transposed on TensorE, as rows of out (one DMA of 128-element runs, not a 4-byte
     descriptor per output); trn1, without the exact transpose, stores each block's column."""
-    from neuroncc.codegen.emit_matmul import PeTransposer  # emit_matmul imports this module
 
     b = ctx.b
     x = n.inputs[0]

@@ -31,10 +31,11 @@ from collections.abc import Container, Sequence
 from dataclasses import dataclass
 
 from neuroncc.codegen import costs, isa
-from neuroncc.codegen.builder import ProgramBuilder, TilePool
 from neuroncc.codegen.emit import EmitCtx, P, rect, register
+from neuroncc.codegen.emit_few_rows import emit_few_rows, few_rows_fits, few_rows_pe_ns
 from neuroncc.codegen.emit_fused import RowKernel, emit_fused
 from neuroncc.codegen.emit_gemv import emit_gemv, gemv_foldable
+from neuroncc.codegen.pe_transpose import PSUM_TRANSPOSE_BANKS, PeTransposer, identity
 from neuroncc.codegen.row_plan import epilogue_plan, epilogue_sbuf_bytes
 from neuroncc.codegen.targets import Target
 from neuroncc.codegen.views import View
@@ -43,47 +44,9 @@ from neuroncc.ir.graph import Node, Value
 from neuroncc.ir.ops import Op
 from neuroncc.ir.types import DType, TensorType, contiguous_strides
 
-PSUM_TRANSPOSE_BANKS = 1  # banks left for transposes; the rest accumulate matmul outputs
 SBUF_SHARE = 0.7  # of a partition, for A^T of one M block
 A_CHUNK_TILES = 8  # 128-column tiles of A per load
 TRANSPOSE_RUN_BYTES = 2048  # contiguous bytes per partition row in a transpose's DMAs
-
-
-def identity(b: ProgramBuilder, dtype: DType) -> isa.TileRef:
-    """A [128, 128] identity matrix in SBUF, the moving operand of TensorE transposes."""
-    ident = b.sbuf_pool(P * dtype.itemsize, bufs=1).tile(P, (P,), dtype)
-    grid = b.sbuf_pool(P * 4, bufs=1).tile(P, (P,), DType.F32)
-    b.emit(isa.Iota("pool", dst=grid, base=0.0, pstep=1.0, fstep=-1.0))  # p - f
-    b.emit(isa.TensorScalar("dve", op="eq", dst=ident, src=grid, scalar=0.0))
-    return ident
-
-
-class PeTransposer:
-    """Transposes [p <= 128, f <= 128] SBUF tiles on TensorE: out[f, p] = x.T @ I_p."""
-
-    def __init__(self, ctx: EmitCtx, dtype: DType, banks: int = PSUM_TRANSPOSE_BANKS) -> None:
-        b = ctx.b
-        self.b, self.dtype = b, dtype
-        self.ident = identity(b, dtype)
-        bank = b.psum_pool(bufs=banks)
-        # Four [128, 128] fp32 results share one 2 KiB bank, so transposes pipeline.
-        self.psum = TilePool("psum", bank.base, P * 4, bufs=4 * banks)
-        self._engine = 0
-
-    def __call__(self, dst: isa.TileRef, src: isa.TileRef) -> None:
-        """dst[f, p] (SBUF) = src[p, f] transposed."""
-        p, f = src.np, src.free_elems
-        ps = self.psum.tile(f, (p,), DType.F32)
-        eye = self.ident.rows(p).cols(0, p)
-        self.b.emit(
-            isa.Matmul("pe", dst=ps, stationary=src, moving=eye, accumulate=False, transpose=True)
-        )
-        self.b.emit(isa.TensorCopy(self.evacuation_engine(), dst=dst, src=ps))
-
-    def evacuation_engine(self) -> str:
-        """Alternate PSUM evacuations between ScalarE and VectorE."""
-        self._engine ^= 1
-        return "act" if self._engine else "dve"
 
 
 @dataclass(frozen=True)
@@ -141,49 +104,6 @@ def _blocking(ctx: EmitCtx, n: Node, largest: Blocking | None, transposes: bool)
     return Blocking(tm, tn)
 
 
-FEW_ROWS = 64  # a product of at most this many rows runs with B stationary (emit_few_rows)
-FEW_ROWS_B_COLS = 4096  # columns of B per DMA (16 KiB rows in fp32: few descriptors)
-FEW_ROWS_X_BYTES = 32 * 1024  # x's rows are kept whole in SBUF, per partition at most
-
-
-def few_rows_fits(ctx: EmitCtx, n: Node) -> bool:
-    """Whether `emit_few_rows` takes the matmul n: 2-D, at most FEW_ROWS rows, B as it is in
-    HBM (not a folded W^T), A not a folded A^T, float, on a target with exact transposes."""
-    a_v, b_v = n.inputs
-    if a_v.type.rank != 2 or b_v.type.rank != 2 or not ctx.target.pe_exact_transpose:
-        return False
-    m, k = a_v.type.shape
-    if not (0 < m <= FEW_ROWS and k > 0 and b_v.type.shape[1] > 0):
-        return False
-    if k * a_v.type.dtype.itemsize > FEW_ROWS_X_BYTES:
-        return False
-    viewed = a_v.id in ctx.transposed_view or b_v.id in ctx.transposed_view
-    viewed = viewed or a_v.id in ctx.merged_heads
-    if viewed or not a_v.type.dtype.is_float or a_v.type.dtype != b_v.type.dtype:
-        return False
-    return _few_rows_pe_ns(n, ctx.target) < pe_matmul_ns(n, ctx.target)
-
-
-def _few_rows_pe_ns(n: Node, t: Target) -> float:
-    """TensorE time of emit_few_rows: a matmul per [128, 128] block of B, the transposes of
-    x and of the results, and the identities' set-up (as pe_matmul_ns prices the usual
-    schedule)."""
-    (m, k), nn = n.inputs[0].type.shape, n.inputs[1].type.shape[1]
-    dt = n.inputs[0].type.dtype
-    block = isa.TileRef("sbuf", 0, min(P, k), 0, dt, (min(P, nn),))
-    x_t = isa.TileRef("sbuf", 0, min(P, k), 0, dt, (m,))
-    acc = isa.TileRef("psum", 0, min(P, nn), 0, DType.F32, (m,))
-    one = costs.instr_ns(
-        isa.Matmul("pe", dst=acc, stationary=block, moving=x_t, accumulate=True), t
-    )
-    eye = isa.TileRef("sbuf", 0, P, 0, dt, (P,))
-    flip = isa.Matmul("pe", dst=acc, stationary=x_t, moving=eye, accumulate=False, transpose=True)
-    k_tiles, blocks = math.ceil(k / P), math.ceil(nn / P)
-    setup = 2 * costs.instr_ns(isa.Iota("pool", dst=eye, base=0.0, pstep=1.0, fstep=-1.0), t)
-    flips = k_tiles + math.ceil(blocks * m / P)
-    return k_tiles * blocks * one + flips * costs.instr_ns(flip, t) + setup
-
-
 def pe_matmul_ns(u: Node, t: Target) -> float:
     """The matmul u on TensorE as emit_matmul's blocked schedule runs it: one instruction per
     [128, 128] x [128, 512] block of A and B."""
@@ -197,71 +117,6 @@ def pe_matmul_ns(u: Node, t: Target) -> float:
     )
     blocks = math.prod(batch) * math.ceil(m / P) * math.ceil(k / P)
     return blocks * math.ceil(nn / t.pe_moving_fmax) * one
-
-
-def emit_few_rows(ctx: EmitCtx, n: Node, epilogue: Sequence[Node]) -> None:
-    """out = x @ B for x of few rows (a decode step, a skinny GEMM), computed transposed:
-    out^T[n, m] = sum_k B[k, n] x^T[k, m] with [128, 128] blocks of B as the stationary
-    operand and x^T as the moving one. A matmul costs about max(64, moving columns) cycles:
-    64 per [128, 128] block of B here, where x^T stationary streams B's 128 columns (512 per
-    four blocks), half the TensorE time for m <= 64. The [n, m] results of a group of
-    blocks share one PSUM tile, are copied out together and transposed once on TensorE, and
-    leave in one DMA whose runs are 128 outputs long. An epilogue runs after, as its own
-    kernel over the small product."""
-    b, t = ctx.b, ctx.target
-    a_v, b_v = n.inputs
-    (m, k), nn = a_v.type.shape, b_v.type.shape[1]
-    dt, odt = a_v.type.dtype, n.out.type.dtype
-    out = ctx.alloc(n.out)
-    transpose = PeTransposer(ctx, dt)
-    transpose_f32 = transpose if dt == DType.F32 else PeTransposer(ctx, DType.F32)
-    k_tiles = [(k0, min(P, k - k0)) for k0 in range(0, k, P)]
-    # x^T: x's rows loaded whole, transposed 128 columns at a time
-    x_rows = b.sbuf_pool(k * dt.itemsize, bufs=1).tile(m, (k,), dt)
-    b.dma(x_rows, rect(ctx.buf(a_v), dt, 0, k, m, k))
-    xt_pool = b.sbuf_pool(m * dt.itemsize, bufs=len(k_tiles))
-    xts = []
-    for k0, kt in k_tiles:
-        xt = xt_pool.tile(kt, (m,), dt)
-        transpose(xt, x_rows.cols(k0, kt))
-        xts.append(xt)
-    # Groups of whole 128-column blocks whose [128, m] results fit one PSUM bank and one
-    # transpose (blocks x m <= 128); a partial last block alone.
-    per_group = max(1, min(P // m, t.psum_bank_bytes // (4 * m), FEW_ROWS_B_COLS // P))
-    whole = [(n0, P) for n0 in range(0, nn - nn % P, P)]
-    groups = [whole[i : i + per_group] for i in range(0, len(whole), per_group)]
-    if nn % P:
-        groups.append([(nn - nn % P, nn % P)])
-    width_max = max(sum(w for _, w in g) for g in groups)
-    b_pool = b.sbuf_pool(width_max * dt.itemsize, bufs=3)
-    acc = b.psum_pool(bufs=2)
-    res_pool = b.sbuf_pool(per_group * m * 4, bufs=2)
-    o_pool = b.sbuf_pool(P * odt.itemsize, bufs=2)
-    for members in groups:
-        n0, nw = members[0][0], members[0][1]
-        width = sum(w for _, w in members)
-        ps = acc.tile(nw, (len(members) * m,), DType.F32)
-        for ki, (k0, kt) in enumerate(k_tiles):
-            bt = b_pool.tile(kt, (width,), dt)  # B's rows k0.., the group's columns
-            b.dma(bt, rect(ctx.buf(b_v), dt, k0 * nn + n0, nn, kt, width))
-            for j in range(len(members)):
-                mm = isa.Matmul(
-                    "pe",
-                    dst=ps.cols(j * m, m),
-                    stationary=bt.cols(j * P, nw),
-                    moving=xts[ki],
-                    accumulate=ki > 0,
-                )
-                b.emit(mm)
-        res = res_pool.tile(nw, (len(members) * m,), DType.F32)
-        b.emit(isa.TensorCopy(transpose.evacuation_engine(), dst=res, src=ps))
-        rows = len(members) * m  # row j * m + r of the transpose: out[r, n0 + j * 128 + ...]
-        ot = o_pool.tile(rows, (nw,), odt)
-        transpose_f32(ot, res)
-        dst = isa.DramRef(out, n0, odt, ((P, len(members)), (nn, m), (1, nw)))
-        b.dma(dst, ot)
-    if epilogue:  # laid out as the product's rows, as the fuse pass planned it
-        emit_fused(ctx, epilogue, (n.out.type.shape, 1))
 
 
 @register(Op.MATMUL)
@@ -278,7 +133,7 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
     if ctx.graph.choice(b_v.id, "layout") == "dot":  # dot products with W's rows
         emit_gemv(ctx, n, w_buf, w_off, epilogue)
         return
-    if few_rows_fits(ctx, n):
+    if few_rows_fits(ctx, n) and few_rows_pe_ns(n, t) < pe_matmul_ns(n, t):
         emit_few_rows(ctx, n, epilogue)
         return
     folded = ctx.transposed_view.get(a_v.id)  # A^T already in HBM: load it as it is

@@ -1,0 +1,50 @@
+"""Transposes on TensorE: a [p, f] SBUF tile times the identity (`nc_transpose`, exact on
+targets with the transpose mode), the result copied out of PSUM. Matmuls transpose A and W^T
+with it (emit_matmul), attention Q, K and P (emit_attention), dot products their results
+(emit_gemv, emit_few_rows)."""
+
+from __future__ import annotations
+
+from neuroncc.codegen import isa
+from neuroncc.codegen.builder import ProgramBuilder, TilePool
+from neuroncc.codegen.emit import EmitCtx, P
+from neuroncc.ir.types import DType
+
+PSUM_TRANSPOSE_BANKS = 1  # banks left for transposes; the rest accumulate matmul outputs
+
+
+def identity(b: ProgramBuilder, dtype: DType) -> isa.TileRef:
+    """A [128, 128] identity matrix in SBUF, the moving operand of TensorE transposes."""
+    ident = b.sbuf_pool(P * dtype.itemsize, bufs=1).tile(P, (P,), dtype)
+    grid = b.sbuf_pool(P * 4, bufs=1).tile(P, (P,), DType.F32)
+    b.emit(isa.Iota("pool", dst=grid, base=0.0, pstep=1.0, fstep=-1.0))  # p - f
+    b.emit(isa.TensorScalar("dve", op="eq", dst=ident, src=grid, scalar=0.0))
+    return ident
+
+
+class PeTransposer:
+    """Transposes [p <= 128, f <= 128] SBUF tiles on TensorE: out[f, p] = x.T @ I_p."""
+
+    def __init__(self, ctx: EmitCtx, dtype: DType, banks: int = PSUM_TRANSPOSE_BANKS) -> None:
+        b = ctx.b
+        self.b, self.dtype = b, dtype
+        self.ident = identity(b, dtype)
+        bank = b.psum_pool(bufs=banks)
+        # Four [128, 128] fp32 results share one 2 KiB bank, so transposes pipeline.
+        self.psum = TilePool("psum", bank.base, P * 4, bufs=4 * banks)
+        self._engine = 0
+
+    def __call__(self, dst: isa.TileRef, src: isa.TileRef) -> None:
+        """dst[f, p] (SBUF) = src[p, f] transposed."""
+        p, f = src.np, src.free_elems
+        ps = self.psum.tile(f, (p,), DType.F32)
+        eye = self.ident.rows(p).cols(0, p)
+        self.b.emit(
+            isa.Matmul("pe", dst=ps, stationary=src, moving=eye, accumulate=False, transpose=True)
+        )
+        self.b.emit(isa.TensorCopy(self.evacuation_engine(), dst=dst, src=ps))
+
+    def evacuation_engine(self) -> str:
+        """Alternate PSUM evacuations between ScalarE and VectorE."""
+        self._engine ^= 1
+        return "act" if self._engine else "dve"
