@@ -182,7 +182,7 @@ class RowKernel:
 
     def prefetch(self, r0: int, rp: int, c0: int, f: int) -> dict[int, isa.TileRef]:
         """The full inputs of step (r0, rp, c0, f) loaded ahead of it, as its `given`."""
-        ctx, p = self.ctx, self.p
+        p = self.p
         defined = {n.out.id for n in self.nodes}
         tiles = {}
         for n in self.nodes:
@@ -191,12 +191,16 @@ class RowKernel:
             for v in n.inputs:
                 if v.id in defined or v.id in tiles or p.kind.get(v.id) != "full":
                     continue
-                if v.id in self.generated:
-                    continue
-                t = self.slot_pools[self.slots[v.id]].tile(rp, (f,), v.type.dtype)
-                ctx.b.dma(t, rect(ctx.buf(v), v.type.dtype, r0 * p.cols + c0, p.cols, rp, f))
-                tiles[v.id] = t
+                if v.id not in self.generated:
+                    tiles[v.id] = self.load_full(v, r0, rp, c0, f)
         return tiles
+
+    def load_full(self, v: Value, r0: int, rp: int, c0: int, f: int) -> isa.TileRef:
+        """A full input's [rp, f] tile of a step, DMA'd into a buffer of its slot."""
+        ctx, cols = self.ctx, self.p.cols
+        t = self.slot_pools[self.slots[v.id]].tile(rp, (f,), v.type.dtype)
+        ctx.b.dma(t, rect(ctx.buf(v), v.type.dtype, r0 * cols + c0, cols, rp, f))
+        return t
 
     def step(
         self, r0: int, rp: int, c0: int, f: int, given: dict[int, isa.TileRef] | None = None
@@ -499,8 +503,7 @@ def _tile_ops(k: RowKernel, r0: int, rp: int, c0: int, f: int, tiles: dict, pass
         if c in ("col", "scalar", "const_full", "const_row"):
             t = _fit(consts[v.id], rp, c0, f, k.whole_rows)
         elif c == "full":
-            t = k.slot_pools[k.slots[v.id]].tile(rp, (f,), v.type.dtype)
-            b.dma(t, rect(ctx.buf(v), v.type.dtype, r0 * p.cols + c0, p.cols, rp, f))
+            t = k.load_full(v, r0, rp, c0, f)
         elif c == "period":
             t = k.period_pool.tile(rp, (f,), v.type.dtype)
             _load_period(ctx, v, t, r0, rp, c0, f, p.cols)
