@@ -84,8 +84,9 @@ def _epilogues_together(nodes: list[Node], attention: dict) -> list[Node]:
     attention backward, D = rowsum(dO * O) sits between dP = dO V^T and dS = P * (dP - D), and
     would otherwise end the run, sending dP through HBM. Reshapes, broadcasts and constants
     that only the epilogue reads stay with it: they say how it reads its inputs (a bias, or a
-    row value broadcast over the product); the next matmul's W^T moves ahead. Legal: nothing moved ahead reads what stays
-    behind; each part keeps its order. Attention kernels (already grouped) are left alone."""
+    row value broadcast over the product); the next matmul's W^T moves ahead. Legal: nothing
+    moved ahead reads what stays behind; each part keeps its order. Attention kernels
+    (already grouped) are left alone."""
     out = list(nodes)
     i = 0
     while i < len(out):

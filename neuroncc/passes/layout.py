@@ -8,9 +8,10 @@ pass decides, per TRANSPOSE, how codegen realises it:
   operand is what they need anyway: they load A^T from its input directly (emit_matmul). So
   are the transposes an attention kernel reads in place through strided views (Note
   [attention operands] in emit_attention.py), and an attention output's head merge that
-  matmuls read as their left operand (views.MergedHeads). A weight's W^T read as the right operand of 2-D
-  matmuls folds where transposing W on chip as each matmul loads it (once per M block) costs
-  less than a transpose kernel, which also writes W^T to HBM and reads it back.
+  matmuls read as their left operand (views.MergedHeads). A weight's W^T read as the right
+  operand of 2-D matmuls folds where transposing W on chip as each matmul loads it (once per
+  M block) costs less than a transpose kernel, which also writes W^T to HBM and reads it
+  back.
 - `dot`: W^T read by matmuls of a few rows (a decode step's `x @ W.T`): their dot products
   with W's rows on Vector/GpSimd (emit_gemv.py), where that costs less than the above.
 - `pe` or `dma`: a kernel of its own, whichever the cost model says is cheaper. On TensorE the
