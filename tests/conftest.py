@@ -4,6 +4,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 import neuroncc
+from neuroncc.frontend.weight_layout import LAID_OUT
 from neuroncc.runtime.cache import GRAPH_CACHE
 
 settings.register_profile(
@@ -24,11 +25,13 @@ def private_disk_cache(tmp_path_factory, monkeypatch):
 
 @pytest.fixture
 def fresh():
-    """Empty graph cache, zeroed stats and a reset Dynamo: each test compiles from scratch."""
+    """Empty graph cache (and laid-out weights), zeroed stats and a reset Dynamo: each test
+    compiles from scratch."""
     import torch._dynamo
 
     torch._dynamo.reset()
     GRAPH_CACHE.clear()
+    LAID_OUT.clear()
     neuroncc.reset_stats()
     yield
     torch._dynamo.reset()

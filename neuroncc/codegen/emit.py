@@ -56,6 +56,9 @@ class EmitCtx:
         self.view_offset: dict[int, int] = {}
         # slice value id -> (the value it slices, the element its rows start at)
         self.row_slices: dict[int, tuple[Value, int]] = {}
+        # slice value id -> (the value it slices, its first element, the row stride): columns
+        # of a 2-D tensor that matmuls read as B in place (views.cols_read_in_place)
+        self.col_slices: dict[int, tuple[Value, int, int]] = {}
         # matmul left operands read through a head merge: operand id -> views.MergedHeads
         self.merged_heads: dict = {}
         # Attention operands read in place (emit_attention.fold_operand_views): value id ->
@@ -75,6 +78,15 @@ class EmitCtx:
 
     def buf(self, v: Value) -> str:
         return self.loc[v.id].buffer
+
+    def matrix_source(self, v: Value) -> tuple[str, int, int]:
+        """(buffer, first element, row stride) of a value read as rows of its last axis: its
+        own buffer, or the larger tensor whose columns it is (`col_slices`)."""
+        sliced = self.col_slices.get(v.id)
+        if sliced is None:
+            return self.buf(v), 0, v.type.shape[-1]
+        source, first, stride = sliced
+        return self.buf(source), first, stride
 
 
 def arena_bytes(g: Graph) -> tuple[int, Node | None]:

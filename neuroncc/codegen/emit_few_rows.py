@@ -94,13 +94,14 @@ def emit_few_rows(ctx: EmitCtx, n: Node, epilogue: Sequence[Node]) -> None:
     acc = b.psum_pool(bufs=2)
     res_pool = b.sbuf_pool(per_group * m * 4, bufs=2)
     o_pool = b.sbuf_pool(P * odt.itemsize, bufs=2)
+    b_buf, b_first, b_stride = ctx.matrix_source(b_v)  # (B may be a wider tensor's columns)
     for members in groups:
         n0, nw = members[0][0], members[0][1]
         width = sum(w for _, w in members)
         ps = acc.tile(nw, (len(members) * m,), DType.F32)
         for ki, (k0, kt) in enumerate(k_tiles):
             bt = b_pool.tile(kt, (width,), dt)  # B's rows k0.., the group's columns
-            b.dma(bt, rect(ctx.buf(b_v), dt, k0 * nn + n0, nn, kt, width))
+            b.dma(bt, rect(b_buf, dt, b_first + k0 * b_stride + n0, b_stride, kt, width))
             for j in range(len(members)):
                 mm = isa.Matmul(
                     "pe",

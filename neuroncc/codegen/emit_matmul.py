@@ -139,7 +139,8 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
     folded = ctx.transposed_view.get(a_v.id)  # A^T already in HBM: load it as it is
     merge = ctx.merged_heads.get(a_v.id)  # A read through a head merge (views.MergedHeads)
     a_buf = folded if folded is not None else None if merge else ctx.buf(a_v)
-    b_buf = w_buf if w_buf is not None else ctx.buf(b_v)
+    # B's rows, at b_stride (a slice of a wider tensor's columns: EmitCtx.matrix_source)
+    b_buf, b_first, b_stride = (w_buf, 0, 0) if w_buf is not None else ctx.matrix_source(b_v)
     nf = t.pe_moving_fmax
     epi_plan = epilogue_plan(n, epilogue, t) if epilogue else None
     on_pe = folded is None and t.pe_exact_transpose
@@ -150,9 +151,8 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
     if blocking is None:  # the epilogue, if any, as a kernel of its own after the matmul
         out = ctx.alloc(n.out)
         if m and nn:
-            _emit_zero_or_simple(
-                ctx, n, a_buf, b_buf, out, folded is not None, w_buf is not None, w_off
-            )
+            b_at = w_off if w_buf is not None else (b_first, b_stride)
+            _emit_zero_or_simple(ctx, n, a_buf, b_buf, out, folded is not None, b_at)
         if epilogue:  # laid out as the product's rows, as the fuse pass planned it
             emit_fused(ctx, epilogue, (n.out.type.shape, 1))
         return
@@ -216,7 +216,8 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
         k0, kt = ki * P, min(P, k - ki * P)
         bt = b_pool.tile(kt, (width,), dt)
         if w_pool is None:
-            b.dma(bt, rect(b_buf, dt, bi * k * nn + k0 * nn + n0, nn, kt, width))
+            first = b_first + (bi * k + k0) * b_stride + n0
+            b.dma(bt, rect(b_buf, dt, first, b_stride, kt, width))
             return bt
         for j0 in range(0, width, P):  # B[k0:, n0+j0:] is W[n0+j0:, k0:] transposed
             jw = min(P, width - j0)
@@ -284,12 +285,12 @@ def _emit_zero_or_simple(
     b_buf: str,
     out: str,
     a_is_transposed: bool,
-    b_is_transposed: bool,
-    w_off: int = 0,
+    b_at: int | tuple[int, int],
 ) -> None:
     """K == 0 (a zero result), or a K too long to keep A^T on chip: the plain tiled schedule,
     A^T tiles loaded by DMA (element-strided unless `a_buf` already holds A^T), B tiles too
-    where `b_buf` holds W for B = W^T (a 2-D matmul; from element w_off)."""
+    where `b_buf` holds W for B = W^T (a 2-D matmul; `b_at` is then W's first element, else
+    B's first element and row stride)."""
     b, t = ctx.b, ctx.target
     a_v, b_v = n.inputs
     *batch, m, k = a_v.type.shape
@@ -300,8 +301,10 @@ def _emit_zero_or_simple(
     b_pool = b.sbuf_pool(nt_max * dt.itemsize, bufs=2)
     o_pool = b.sbuf_pool(nt_max * odt.itemsize, bufs=2)
     ps_pool = b.psum_pool(bufs=2)
+    b_is_transposed = isinstance(b_at, int)
+    w_off, (b_first, b_stride) = (b_at, (0, 0)) if b_is_transposed else (0, b_at)
     for bi in range(math.prod(batch)):
-        a_off, b_off, o_off = bi * m * k, bi * k * nn, bi * m * nn
+        a_off, b_off, o_off = bi * m * k, b_first + bi * k * b_stride, bi * m * nn
         for m0 in range(0, m, mt_max):
             mt = min(mt_max, m - m0)
             for n0 in range(0, nn, nt_max):
@@ -323,7 +326,7 @@ def _emit_zero_or_simple(
                         if b_is_transposed:
                             src = isa.DramRef(b_buf, w_off + n0 * k + k0, dt, ((1, kt), (k, nt)))
                         else:
-                            src = rect(b_buf, dt, b_off + k0 * nn + n0, nn, kt, nt)
+                            src = rect(b_buf, dt, b_off + k0 * b_stride + n0, b_stride, kt, nt)
                         b.dma(bt, src)
                         b.emit(
                             isa.Matmul("pe", dst=ps, stationary=at, moving=bt, accumulate=ki > 0)

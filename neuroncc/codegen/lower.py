@@ -14,7 +14,7 @@ from neuroncc.codegen.emit_attention import (
 from neuroncc.codegen.emit_fused import emit_fused
 from neuroncc.codegen.program import Executable
 from neuroncc.codegen.targets import Target
-from neuroncc.codegen.views import merged_heads, rows_read_in_place
+from neuroncc.codegen.views import cols_read_in_place, merged_heads, rows_read_in_place
 from neuroncc.errors import CodegenError
 from neuroncc.ir.graph import Graph
 from neuroncc.ir.ops import Op
@@ -33,12 +33,14 @@ def emit_graph(g: Graph, target: Target) -> Executable:
     ctx.views, skipped = fold_operand_views(g, list(attention.values()))
     unneeded = _made_on_chip(g, attention, skipped)
     ctx.row_slices = rows_read_in_place(g)
+    ctx.col_slices = cols_read_in_place(g)
     ctx.merged_heads = merged_heads(g, target.pe_exact_transpose)
     skipped = skipped | {vid for merge in ctx.merged_heads.values() for vid in merge.nodes}
     i = 0
     while i < len(nodes):
         n = nodes[i]
-        if n.out.id in skipped or n.out.id in ctx.row_slices:  # read in place by its readers
+        if n.out.id in skipped or n.out.id in ctx.row_slices or n.out.id in ctx.col_slices:
+            # read in place by its readers
             i += 1
             continue
         ids = start.get(n.out.id)

@@ -128,6 +128,35 @@ def rows_read_in_place(g: Graph) -> dict[int, tuple]:
     return found
 
 
+def cols_read_in_place(g: Graph) -> dict[int, tuple[Value, int, int]]:
+    """Slices that take a run of whole columns of a 2-D tensor (a weight taken as Wᵀ, Note
+    [weight layout], that simplify split into one matmul per output slice) and are read only
+    as B by 2-D matmuls: not emitted; the matmuls read B's rows where they lie, at the full
+    tensor's row stride (EmitCtx.matrix_source). Slice id -> (the sliced value, the element
+    the columns start at, the row stride)."""
+    users, outputs, grouped = g.users(), {v.id for v in g.outputs}, g.kernel_of()
+    found = {}
+    for n in g.nodes:
+        if (
+            n.op is not Op.SLICE
+            or n.out.type.rank != 2
+            or n.out.id in outputs
+            or n.out.id in grouped
+        ):
+            continue
+        (rows, cols), starts, stops = n.inputs[0].type.shape, n.attr("starts"), n.attr("stops")
+        if (starts[0], stops[0]) != (0, rows) or set(n.attr("steps")) != {1}:
+            continue
+        readers = users[n.out.id]
+        if readers and all(_reads_as_b(u, n.out.id) for u in readers):
+            found[n.out.id] = (n.inputs[0], starts[1], cols)
+    return found
+
+
+def _reads_as_b(u: Node, vid: int) -> bool:
+    return u.op is Op.MATMUL and u.out.type.rank == 2 and u.inputs[1].id == vid != u.inputs[0].id
+
+
 def _read_as_folded_w(t: Node, users: dict, outputs: set[int], g: Graph) -> bool:
     if t.op is not Op.TRANSPOSE or g.choice(t.out.id, "layout") not in ("fold", "dot"):
         return False

@@ -32,7 +32,11 @@ from neuroncc.frontend.compile import (
 from neuroncc.frontend.decompositions import DECOMPOSITIONS
 from neuroncc.frontend.dump import dump_graph, write_run_summary_at_exit
 from neuroncc.frontend.fx_import import import_fx
+from neuroncc.frontend.fx_serde import STATIC_MARK
 from neuroncc.frontend.partition import find_declined, report_fallback, split_graph
+from neuroncc.frontend.weight_layout import LaidOut, take_transposed, transpose_graph
+from neuroncc.ir.graph import Graph
+from neuroncc.ir.types import TensorType
 from neuroncc.ir.verify import verify
 from neuroncc.options import CompileOptions
 from neuroncc.runtime.cache import lookup_or_compile
@@ -60,6 +64,9 @@ class GraphRunner:
 
     def __call__(self, *args: Any) -> list[torch.Tensor | None]:
         if self.timing_only is not None:
+            for kind, source in self.sources:
+                if kind == "layout":
+                    source(args, timing_only=True)
             self.compiled.record_timing_only()
             return list(_as_list(self.timing_only(*args)))
         inputs = [self._bind(kind, s, args) for kind, s in self.sources]
@@ -72,6 +79,8 @@ class GraphRunner:
             return args[source]
         if kind == "scalar":
             return np.asarray(args[source].item(), dtype=np.float32)
+        if kind == "layout":
+            return source(args)  # a LaidOut weight
         return source  # a constant tensor of the graph module
 
 
@@ -88,15 +97,19 @@ class RegionModule(torch.nn.Module):
 
 
 def compile_region(
-    gm: torch.fx.GraphModule, opts: CompileOptions, name: str
+    gm: torch.fx.GraphModule, opts: CompileOptions, name: str, static: frozenset[int] = frozenset()
 ) -> Callable[..., list]:
     """fx -> nir -> passes -> program for a graph neuroncc supports entirely (recorded, when
-    recording; and only recorded, when tracing for warmup)."""
+    recording; and only recorded, when tracing for warmup). `static`: the arguments that are
+    an inference graph's parameters and buffers (Note [weight layout])."""
     imported = import_fx(gm, name)
+    if static and opts.opt_level >= 2:
+        imported = take_transposed(imported, static)
     g = verify(imported.graph)
     ir_text = canonical_text(g)
     key = graph_key(ir_text, opts)
     recording.record_graph(ir_text, opts, key, name)
+    sources = _layout_sources(imported, opts, name)
     if recording.tracing_only():
         return lambda *args: list(_as_list(gm(*args)))
 
@@ -114,15 +127,44 @@ def compile_region(
             snapshots, meta = stage_snapshots(g, opts), {"cache_hit": True}
         meta = {**{k: v for k, v in meta.items() if k != "ir"}, "key": key}  # IR: stage files
         dump_graph(opts.dump_dir, name, gm, g, snapshots, compiled.exe, meta)
-    return GraphRunner(
-        compiled, imported.input_sources, imported.output_slots, gm if opts.timing_only else None
+    return GraphRunner(compiled, sources, imported.output_slots, gm if opts.timing_only else None)
+
+
+def _layout_sources(imported, opts: CompileOptions, name: str) -> list:
+    """The graph's input sources, each ("layout", arg) bound to a LaidOut over the compiled
+    transpose that lays its weight out (Note [weight layout])."""
+    sources = []
+    for pos, (v, (kind, source)) in enumerate(
+        zip(imported.graph.inputs, imported.input_sources, strict=True)
+    ):
+        if kind == "layout":
+            weight = TensorType(v.type.shape[::-1], v.type.dtype)
+            key, compiled = _compile(transpose_graph(weight), opts, f"{name}_layout{pos}")
+            source = LaidOut(source, key, compiled)
+        sources.append((kind, source))
+    return sources
+
+
+def _compile(g: Graph, opts: CompileOptions, name: str) -> tuple[str, CompiledExecutable | None]:
+    """(cache key, compiled graph) of a graph of neuroncc's own making, through the caches
+    (only recorded, when tracing for warmup: no graph)."""
+    ir_text = canonical_text(g)
+    key = graph_key(ir_text, opts)
+    recording.record_graph(ir_text, opts, key, name)
+    if recording.tracing_only():
+        return key, None
+    compiled = lookup_or_compile(
+        key, lambda: compile_nir(g, ir_text, opts, name).entry, disk_cache_for(opts), name
     )
+    return key, compiled
 
 
-def _compile_or_eager(gm: torch.fx.GraphModule, opts: CompileOptions, name: str) -> Any:
+def _compile_or_eager(
+    gm: torch.fx.GraphModule, opts: CompileOptions, name: str, static: frozenset[int] = frozenset()
+) -> Any:
     """compile_region, or with fallback on, the graph itself run eagerly if compiling fails."""
     try:
-        return compile_region(gm, opts, name)
+        return compile_region(gm, opts, name, static)
     except NeuronccError as e:
         if not opts.fallback or isinstance(e, CapacityError):
             raise
@@ -140,13 +182,25 @@ def _as_list(out: Any) -> list:
 
 
 def compile_aten_graph(
-    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, opts: CompileOptions, name: str
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    opts: CompileOptions,
+    name: str,
+    inference: bool = False,
+    static: frozenset[int] | None = None,
 ):
     """The AOTAutograd compiler: the whole graph compiled, or compiled regions around the nodes
-    neuroncc declines (which then run eagerly, see partition.py)."""
+    neuroncc declines (which then run eagerly, see partition.py). An inference graph's
+    parameters and buffers (`static`, else as AOTAutograd marked them) may be laid out once
+    (Note [weight layout])."""
     declined = find_declined(gm)
     if not declined:
-        return make_boxed_func(_compile_or_eager(gm, opts, name))
+        if not inference:
+            static = frozenset()
+        elif static is None:
+            static = _static_inputs()
+        return make_boxed_func(_compile_or_eager(gm, opts, name, static))
     if not opts.fallback:
         ops = sorted({str(n.target) for n in declined if n.target is not operator.getitem})
         first = next(iter(declined.values()))
@@ -165,6 +219,24 @@ def compile_aten_graph(
             setattr(split, node.target, RegionModule(run, returns_tuple))
     split.recompile()
     return make_boxed_func(split.forward)
+
+
+def _static_inputs() -> frozenset[int]:
+    """The graph's arguments that are parameters and buffers, as AOTAutograd marks them."""
+    ctx = torch._guards.TracingContext.try_get()
+    if ctx is None or ctx.fw_metadata is None:
+        return frozenset()
+    return frozenset(ctx.fw_metadata.static_input_indices)
+
+
+def _dynamo_static_inputs(gm: torch.fx.GraphModule) -> frozenset[int]:
+    """What _static_inputs finds under Dynamo, for an AOTAutograd run outside it (a shape
+    specialisation): the module's own parameters and buffers, which AOTAutograd passes first,
+    and the placeholders Dynamo marked static."""
+    lifted = len(dict(gm.named_parameters())) + len(dict(gm.named_buffers()))
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    marked = [n.meta.get("tensor_dict", {}).get(STATIC_MARK) for n in placeholders]
+    return frozenset(range(lifted)) | {lifted + i for i, m in enumerate(marked) if m}
 
 
 def _is_symbolic(example_inputs: Sequence[Any]) -> bool:
@@ -233,7 +305,8 @@ class ShapeSpecializer:
             if not self.variants:
                 recording.record_dynamo(self.gm, list(args), self.opts, self.name)
             name = f"{self.name}_v{len(self.variants)}"
-            fn = _aot(self._specialised(args), list(args), self.opts, name)
+            gm = self._specialised(args)
+            fn = _aot(gm, list(args), self.opts, name, _dynamo_static_inputs(gm))
             self.variants[key] = fn
         return fn(*args)
 
@@ -249,9 +322,21 @@ _PASS_THROUGH = (
 )
 
 
-def _aot(gm: torch.fx.GraphModule, example_inputs: list, opts: CompileOptions, name: str):
+def _aot(
+    gm: torch.fx.GraphModule,
+    example_inputs: list,
+    opts: CompileOptions,
+    name: str,
+    static: frozenset[int] | None = None,
+):
     compilers = {
-        kind: functools.partial(compile_aten_graph, opts=opts, name=f"{name}_{kind}")
+        kind: functools.partial(
+            compile_aten_graph,
+            opts=opts,
+            name=f"{name}_{kind}",
+            inference=kind == "inference",
+            static=static,
+        )
         for kind in ("forward", "backward", "inference")
     }
     backend = aot_autograd(

@@ -112,6 +112,9 @@ def _torch_attr(name: str, kind: Any) -> Any:
     return value
 
 
+STATIC_MARK = "_dynamo_static_input_type"  # Dynamo's mark of a parameter or buffer input
+
+
 def _placeholder(node: torch.fx.Node, arg: Any) -> dict:
     """A placeholder's spec, sizes as ints or symbol names, with the trial run's argument."""
     example = node.meta.get("example_value")
@@ -126,6 +129,8 @@ def _placeholder(node: torch.fx.Node, arg: Any) -> dict:
             "requires_grad": arg.requires_grad,
             # a 0-d tensor the graph reads with .item(): the specialiser compiles its value
             "item": arg.item() if _read_with_item(node) else None,
+            # a parameter or buffer, as Dynamo marked it (Note [weight layout])
+            "static": bool(node.meta.get("tensor_dict", {}).get(STATIC_MARK)),
         }
     if isinstance(arg, (bool, int, float)):
         return {"kind": "value", "value": arg}
@@ -171,6 +176,8 @@ def decode_graph(data: dict) -> torch.fx.GraphModule:
     nodes: dict[str, torch.fx.Node] = {}
     for p in data["placeholders"]:
         nodes[p["name"]] = g.placeholder(p["name"])
+        if p.get("static"):
+            nodes[p["name"]].meta["tensor_dict"] = {STATIC_MARK: "unguarded"}
     for op, name, target, args, kwargs in data["nodes"]:
         args, kwargs = _decode_arg(args, nodes), _decode_arg(kwargs, nodes)
         if op == "call_function":

@@ -31,7 +31,7 @@ from typing import ClassVar
 
 from neuroncc.codegen.builder import ALIGN
 from neuroncc.codegen.intervals import IntervalIndex
-from neuroncc.codegen.views import VIEW_OPS, rows_read_in_place
+from neuroncc.codegen.views import VIEW_OPS, cols_read_in_place, rows_read_in_place
 from neuroncc.ir.graph import Graph, with_choices
 from neuroncc.ir.ops import Op
 from neuroncc.passes.manager import PassContext, register_pass
@@ -82,7 +82,8 @@ def value_lifetimes(g: Graph) -> dict[int, tuple[int, int]]:
             + [last[u.out.id] for u in readers if u.op in VIEW_OPS]
         )
     stored = {}
-    in_place = rows_read_in_place(g)  # slices of W's rows that the matmuls read where they are
+    # slices of W's rows, or of Wᵀ's columns, that the matmuls read where they are
+    in_place = rows_read_in_place(g) | cols_read_in_place(g)
     for n in g.nodes:
         vid = n.out.id
         k = kernel_of.get(vid)

@@ -40,6 +40,9 @@ class MemoryCache:
     def clear(self) -> None:
         self._items.clear()
 
+    def values(self) -> list[object]:
+        return list(self._items.values())
+
     def __len__(self) -> int:
         return len(self._items)
 

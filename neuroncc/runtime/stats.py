@@ -17,6 +17,7 @@ _COUNTERS = (
     "cache_hits_disk",
     "executions",
     "timing_only_executions",
+    "weight_layouts",  # weights laid out for an inference graph (Note [weight layout])
     "instructions",
     "device_seconds",
     "roofline_seconds",

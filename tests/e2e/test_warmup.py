@@ -76,7 +76,9 @@ def trial(tmp_path_factory):
     script.write_text(SCRIPT)
     manifest = root / "graphs.jsonl"
     proc = _cli("record", manifest, script, 7, cache=root / "unused", NEURONCC_DISK_CACHE="0")
-    assert "recorded 5 graph(s)" in proc.stdout  # 2 Dynamo graphs; fwd, bwd and inference
+    # 2 Dynamo graphs; fwd, bwd and inference, and the 5 transposes that lay the inference
+    # graph's weights out (Note [weight layout]: one per weight shape)
+    assert "recorded 10 graph(s)" in proc.stdout
     assert not (root / "unused").exists()
     return script, manifest
 
@@ -85,12 +87,12 @@ def test_the_real_run_after_a_warmup_compiles_nothing(trial, tmp_path):
     script, manifest = trial
     cache = tmp_path / "cache"
     proc = _cli("compile", manifest, "--jobs", 2, cache=cache)
-    assert "3 compiled, 0 already cached, 0 failed" in proc.stdout
-    assert len(list(cache.glob(f"v{CACHE_FORMAT}/*/*.json"))) == 3
+    assert "8 compiled, 0 already cached, 0 failed" in proc.stdout
+    assert len(list(cache.glob(f"v{CACHE_FORMAT}/*/*.json"))) == 8
     run = _script(script, 7, cache=cache)
-    assert run == {"compiles": 0, "cache_hits_disk": 3, "fallback_nodes": {}}
+    assert run == {"compiles": 0, "cache_hits_disk": 8, "fallback_nodes": {}}
     again = _cli("compile", manifest, cache=cache)
-    assert "0 compiled, 3 already cached" in again.stdout
+    assert "0 compiled, 8 already cached" in again.stdout
 
 
 def test_expand_precompiles_sizes_the_trial_did_not_reach(trial, tmp_path):
@@ -100,7 +102,8 @@ def test_expand_precompiles_sizes_the_trial_did_not_reach(trial, tmp_path):
     cache = tmp_path / "cache"
     proc = _cli("expand", expanded, "--sizes", "7=12,16", cache=cache)
     assert "traced 4 new shape variant(s)" in proc.stdout  # 2 graphs x 2 sizes
-    assert "9 compiled, 0 already cached, 0 failed" in proc.stdout
+    # the trial's 8, and fwd, bwd and inference at the two new sizes (the same weights)
+    assert "14 compiled, 0 already cached, 0 failed" in proc.stdout
     assert _script(script, 12, 16, cache=cache)["compiles"] == 0
 
 
@@ -131,7 +134,7 @@ def test_an_entry_whose_worker_dies_is_retried(trial, tmp_path):
     summary = warmup.compile_manifest(
         manifest, jobs=2, cache_dir=str(cache), worker=die_the_first_time, progress=False
     )
-    assert len(summary.compiled) == 3 and not summary.failed
+    assert len(summary.compiled) == 8 and not summary.failed
 
 
 def test_a_compile_that_fails_is_reported_and_not_cached(trial, tmp_path):
@@ -146,9 +149,9 @@ def test_a_compile_that_fails_is_reported_and_not_cached(trial, tmp_path):
     cache = tmp_path / "cache"
     proc = _cli("compile", broken, cache=cache, check=False)
     assert proc.returncode == 1
-    assert "2 compiled, 0 already cached, 1 failed" in proc.stdout
+    assert "7 compiled, 0 already cached, 1 failed" in proc.stdout
     assert f"failed {entry['name']}: WarmupError: its IR is not valid" in proc.stdout
-    assert len(list(cache.glob(f"v{CACHE_FORMAT}/*/*.json"))) == 2
+    assert len(list(cache.glob(f"v{CACHE_FORMAT}/*/*.json"))) == 7
 
 
 @pytest.mark.parametrize(

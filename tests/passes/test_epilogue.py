@@ -3,6 +3,7 @@ result tile as it leaves PSUM. Golden IR, hypothesis-generated shapes and epilog
 reference interpreter, and the HBM traffic it saves."""
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -172,24 +173,27 @@ def test_work_between_a_matmul_and_its_epilogue_moves_ahead_golden():
     _check(g)
 
 
-def test_a_fused_gate_and_up_projection_reads_its_weight_in_place(fresh):
+@pytest.mark.parametrize("laid_out", [False, True])
+def test_a_fused_gate_and_up_projection_reads_its_weight_in_place(laid_out, fresh):
     """SwiGLU from one projection chunked in two (Phi-3's gate_up_proj): two matmuls reading
     the halves of W where they are (no slice kernel, no copy of W or of the product), the
-    gate with its SiLU and the up half with the product as epilogues."""
+    gate with its SiLU and the up half with the product as epilogues. W passed in is read
+    as rows of W; a parameter, laid out as Wᵀ (Note [weight layout]), as columns of Wᵀ."""
     torch.manual_seed(0)
     proj = torch.nn.Linear(64, 512, bias=False)
 
-    def swiglu(x):
-        gate, up = proj(x).chunk(2, dim=-1)
+    def swiglu(x, w):
+        gate, up = torch.nn.functional.linear(x, proj.weight if laid_out else w).chunk(2, -1)
         return torch.nn.functional.silu(gate) * up
 
     x = torch.randn(2, 128, 64)
     neuroncc.reset_stats()
     torch._dynamo.reset()
     with torch.no_grad():
-        got = torch.compile(swiglu, backend="neuron")(x)
-        torch.testing.assert_close(got, swiglu(x), atol=1e-5, rtol=1e-4)
-    (c,) = STATS.executed().values()
+        got = torch.compile(swiglu, backend="neuron")(x, proj.weight.clone())
+        torch.testing.assert_close(got, swiglu(x, proj.weight), atol=1e-5, rtol=1e-4)
+    assert neuroncc.stats()["weight_layouts"] == laid_out
+    (c,) = [c for name, c in STATS.executed().items() if "_layout" not in name]
     kernels = [k.name for k in c.exe.kernels if k.stop > k.start]
     assert not [k for k in kernels if k.startswith("slice.")], kernels
     assert [k.split(".")[0] for k in kernels] == ["fused", "fused"], kernels
