@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 
 from neuroncc.codegen import dead_keys, isa
 from neuroncc.codegen.builder import TilePool
+from neuroncc.codegen.costs import dma_ns, instr_ns
 from neuroncc.codegen.emit import EmitCtx, P, rect
 from neuroncc.codegen.emit_fused import GENERATED_BYTES, RowKernel, generated_values
 from neuroncc.codegen.pe_transpose import PeTransposer
@@ -48,7 +49,7 @@ from neuroncc.ir.ops import Op
 from neuroncc.ir.types import DType
 
 SBUF_SHARE = 0.85  # of a partition, for the whole kernel
-SPAN = 6  # steps in flight: Qᵀ three steps ahead of the row group, P V two steps behind
+SPAN = 6  # steps in flight: Qᵀ up to three steps ahead of the row group, P V two behind
 ZERO_COLS = 512  # the zero tile P's dead keys are stored from (`zero_fill`), per DMA
 
 
@@ -257,6 +258,38 @@ def _heads_alive(ap: AttentionPlan) -> int:
     spans SPAN steps, from the first block's Qᵀ to the last one's P V."""
     per_head = math.ceil(ap.m / P)
     return min(ap.batch, math.ceil(SPAN * ap.unit / per_head) + 1)
+
+
+def loads_ahead(ap: AttentionPlan, t: Target) -> int:
+    """Pipeline steps that a block's Qᵀ (and a new head's Kᵀ and V) are loaded ahead of its row
+    group (Note [attention pipeline]): three, so that the loads hide behind the steps between;
+    two where a head's loads and stores take longer than its TensorE work (short rows of keys,
+    in 256-byte runs). TensorE would then wait, behind transposes of data still in flight,
+    instead of finishing the P V of earlier steps, whose stores the DMAs are waiting for."""
+    qd, pd = ap.scores.inputs[0].type.dtype, ap.out.inputs[0].type.dtype
+    od = ap.out.out.type.dtype
+
+    def moved(rows: int, cols: int, dt: DType) -> float:
+        return dma_ns(rows * cols * dt.itemsize, cols * dt.itemsize, t, t.dma_engines)
+
+    def pe(rows: int, cols: int, dt: DType, transpose: bool = False) -> float:
+        st = isa.TileRef("sbuf", 0, P, 0, dt, (rows,))
+        mv = isa.TileRef("sbuf", 0, P, 0, dt, (cols,))
+        acc = isa.TileRef("psum", 0, rows, 0, DType.F32, (cols,))
+        mm = isa.Matmul(
+            "pe", dst=acc, stationary=st, moving=mv, accumulate=False, transpose=transpose
+        )
+        return instr_ns(mm, t)
+
+    heads, blocks = ap.batch, query_blocks(ap)
+    dma = moved(ap.m, ap.d, qd) + moved(ap.n, ap.d, qd) + moved(ap.n, ap.dv, pd)
+    dma += moved(ap.m, ap.dv, od)
+    work = (len(blocks) + heads * math.ceil(ap.n / P)) * pe(ap.d, P, qd, True)  # Qᵀ, Kᵀ
+    for keys in ap.live or [ap.n] * len(blocks):  # (Note [dead keys])
+        work += sum(pe(P, min(512, keys - c0), qd) for c0 in range(0, keys, 512))  # scores
+        work += math.ceil(keys / P) * (pe(P, P, pd, True) + pe(P, ap.dv, pd))  # Pᵀ, P V
+    work /= heads
+    return 2 if dma > work else 3
 
 
 Block = tuple[int, int, int]  # (batch, first query row, rows)
@@ -576,11 +609,11 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
     # steps in the order their engines can take it, so that what each engine reaches next was
     # made ready while the row group (the longest phase, on Vector/Scalar/GpSimd) ran. A
     # step's score copies come before the next step's score matmuls: PSUM banks are reused
-    # only after the program has read them.
+    # only after the program has read them. Qᵀ is loaded `loads_ahead` steps ahead.
     phases = (
         (0, softmax),
         (-1, each(transpose_probs)),
-        (3, each(load_qt)),
+        (loads_ahead(ap, t), each(load_qt)),
         (1, each(score_copies)),
         (2, each(score_matmuls)),
         (-2, each(times_v)),
