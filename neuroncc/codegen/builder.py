@@ -104,6 +104,10 @@ def _accesses(ins: isa.Instr) -> list[tuple[isa.Operand, bool]]:
     return [(r, False) for r in ins.reads()] + [(w, True) for w in ins.writes()]
 
 
+class OnChipOverflow(CodegenError):
+    """A kernel's tiles do not fit SBUF or PSUM (beside what the program set aside)."""
+
+
 class _Stack:
     """A per-partition bump allocator whose allocations are released in LIFO order, growing
     up from byte 0 or down from the capacity (`down`): `ProgramBuilder.kernel` alternates, so
@@ -120,7 +124,7 @@ class _Stack:
         used = -(-self.top // self.align) * self.align
         need = used + -(-nbytes // self.align) * self.align if self.down else used + nbytes
         if need > self.capacity:
-            raise CodegenError(
+            raise OnChipOverflow(
                 f"{self.mem.upper()} overflow: needs {need} bytes per partition, "
                 f"the target has {self.capacity}"
             )
@@ -146,6 +150,26 @@ class TilePool:
         return replace(t, offset=self.base + slot * self.slot_bytes)
 
 
+class RingPool:
+    """Tiles of any size placed one after another in `nbytes` from `base`, wrapping to the
+    start when the next does not fit: a byte ring, where a new tile waits (by dependencies)
+    only for the readers of the bytes it takes, however small the tiles before it were."""
+
+    def __init__(self, mem: str, base: int, nbytes: int) -> None:
+        self.mem, self.base, self.nbytes = mem, base, nbytes
+        self._at = 0
+
+    def tile(self, np_: int, free: Sequence[int], dtype: DType) -> isa.TileRef:
+        t = isa.TileRef(self.mem, 0, np_, 0, dtype, tuple(free))
+        size = -(-t.free_bytes // ALIGN) * ALIGN
+        if size > self.nbytes or np_ > 128:
+            raise CodegenError(f"tile {t} does not fit a {self.nbytes}-byte ring")
+        if self._at + size > self.nbytes:
+            self._at = 0
+        offset, self._at = self.base + self._at, self._at + size
+        return replace(t, offset=offset)
+
+
 class ProgramBuilder:
     def __init__(self, target: Target, name: str = "main") -> None:
         self.target, self.name = target, name
@@ -159,6 +183,7 @@ class ProgramBuilder:
         self._psum = _Stack("psum", target.psum_partition_bytes, target.psum_bank_bytes)
         self._down = False  # the next kernel's allocation direction (Note [kernel placement])
         self._queue = 0
+        self._shared_queues = target.dma_queues  # the rest are set aside (reserve_queues)
 
     # -- HBM -------------------------------------------------------------------------------
     def dram(
@@ -212,6 +237,16 @@ class ProgramBuilder:
         slot = -(-slot_bytes // ALIGN) * ALIGN
         return TilePool("sbuf", self._sbuf.alloc(slot * bufs), slot, bufs)
 
+    def reserve_sbuf(self, nbytes: int) -> int:
+        """nbytes per partition at the top of SBUF, set aside for the whole program (before
+        any kernel allocates): their first byte."""
+        if self._sbuf.high_water:
+            raise CodegenError("SBUF is set aside before the first kernel allocates")
+        self._sbuf.capacity -= -(-nbytes // ALIGN) * ALIGN
+        if self._sbuf.capacity < 0:
+            raise OnChipOverflow(f"cannot set aside {nbytes} bytes of each SBUF partition")
+        return self._sbuf.capacity
+
     def psum_pool(self, bufs: int = 2) -> TilePool:
         bank = self.target.psum_bank_bytes
         return TilePool("psum", self._psum.alloc(bank * bufs), bank, bufs)
@@ -234,8 +269,14 @@ class ProgramBuilder:
         self.kernels.append(Kernel(name, start, len(self.instructions)))
 
     # -- instructions ------------------------------------------------------------------------
+    def reserve_queues(self, n: int) -> tuple[str, ...]:
+        """The last n DMA queues, for the caller's transfers alone: the others take the rest
+        in turn, so no transfer of theirs queues ahead of the caller's."""
+        self._shared_queues = self.target.dma_queues - n
+        return tuple(isa.dma_queue(q) for q in range(self._shared_queues, self.target.dma_queues))
+
     def next_queue(self) -> str:
-        q = isa.dma_queue(self._queue % self.target.dma_queues)
+        q = isa.dma_queue(self._queue % self._shared_queues)
         self._queue += 1
         return q
 

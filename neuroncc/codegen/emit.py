@@ -61,6 +61,9 @@ class EmitCtx:
         self.col_slices: dict[int, tuple[Value, int, int]] = {}
         # matmul left operands read through a head merge: operand id -> views.MergedHeads
         self.merged_heads: dict = {}
+        # the SBUF ring that matmuls of few rows load their weights through (Note [weight
+        # stream] in emit_few_rows.py), or None
+        self.weight_stream = None  # emit_few_rows.WeightStream
         # Attention operands read in place (emit_attention.fold_operand_views): value id ->
         # its views.View.
         self.views: dict = {}

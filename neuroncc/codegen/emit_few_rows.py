@@ -1,23 +1,82 @@
 """Matmuls of few rows (a decode step, a skinny GEMM) with B as it is in HBM: B's blocks
 stationary, x^T streaming (`emit_few_rows`). emit_matmul takes this schedule where
-`few_rows_fits` and the cost model says it is the faster one."""
+`few_rows_fits` and the cost model says it is the faster one.
+
+Note [weight stream]: a decode step is a chain of such matmuls, each streaming its weights from
+HBM, with small kernels between them. With B's tiles in each kernel's own SBUF, a matmul's first
+loads wait for bytes that the kernels before it used (Note [kernel placement] keeps only
+neighbours apart), and the DMAs idle from one matmul to the next. Where a program has two or
+more of them reading weights (`stream_tile_bytes`), lower.py sets aside for the whole program
+a ring of STREAM_TILES of the largest B tiles at the top of SBUF (builder.RingPool) and
+STREAM_QUEUES DMA queues, and every such matmul loads B through them:
+- tile after tile in the ring, so that a load waits only for the matmuls that read its bytes
+  last, and the next matmul's loads run during the kernels in between;
+- on queues of their own, as a queue runs in order: a weight load behind a store that waits
+  for compute would wait too;
+- in DMAs of one partition row per DMA engine of the queue's share, so that the queues
+  together keep every engine busy; an engine's share of a whole 2 MiB tile would take 6 us
+  at once, and the small transfers of the kernels in between leave no gap that long.
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from neuroncc.codegen import costs, isa
+from neuroncc.codegen.builder import RingPool
 from neuroncc.codegen.emit import EmitCtx, P, rect
 from neuroncc.codegen.emit_fused import emit_fused
 from neuroncc.codegen.pe_transpose import PeTransposer
 from neuroncc.codegen.targets import Target
-from neuroncc.ir.graph import Node
+from neuroncc.ir.graph import Graph, Node
+from neuroncc.ir.ops import Op
 from neuroncc.ir.types import DType
 
 FEW_ROWS = 64  # a product of at most this many rows runs with B stationary (emit_few_rows)
 FEW_ROWS_B_COLS = 4096  # columns of B per DMA (16 KiB rows in fp32: few descriptors)
 FEW_ROWS_X_BYTES = 32 * 1024  # x's rows are kept whole in SBUF, per partition at most
+STREAM_TILES = 4  # the largest B tiles in flight in the ring (Note [weight stream])
+STREAM_QUEUES = 2
+
+
+@dataclass
+class WeightStream:
+    """Note [weight stream]: the SBUF ring and the DMA queues B's tiles move on."""
+
+    pool: RingPool
+    queues: tuple[str, ...]
+    _next: int = 0
+
+    def queue(self) -> str:
+        self._next += 1
+        return self.queues[self._next % len(self.queues)]
+
+
+def _group_blocks(m: int, t: Target) -> int:
+    """[128, 128] blocks of B whose [128, m] results share one PSUM bank and one transpose."""
+    return max(1, min(P // m, t.psum_bank_bytes // (4 * m), FEW_ROWS_B_COLS // P))
+
+
+def stream_tile_bytes(g: Graph, t: Target) -> int:
+    """The largest tile of the weight stream (Note [weight stream]): the widest B tile among g's
+    matmuls of few rows whose B is a graph input (a weight) or a slice of one, where there are
+    two or more; else 0."""
+    inputs, producers = {v.id for v in g.inputs}, g.producers()
+    widths = []
+    for n in g.nodes:
+        a, b = n.inputs[:2] if n.op is Op.MATMUL else (None, None)
+        if a is None or a.type.rank != 2 or b.type.rank != 2:
+            continue
+        if not 0 < a.type.shape[0] <= FEW_ROWS or 0 in b.type.shape:
+            continue
+        src = producers.get(b.id)
+        sliced = src is not None and src.op is Op.SLICE and src.inputs[0].id in inputs
+        if b.id in inputs or sliced:
+            cols = min(-(-b.type.shape[1] // P), _group_blocks(a.type.shape[0], t)) * P
+            widths.append(cols * b.type.dtype.itemsize)
+    return max(widths) if len(widths) >= 2 else 0
 
 
 def few_rows_fits(ctx: EmitCtx, n: Node) -> bool:
@@ -84,13 +143,16 @@ def emit_few_rows(ctx: EmitCtx, n: Node, epilogue: Sequence[Node]) -> None:
         xts.append(xt)
     # Groups of whole 128-column blocks whose [128, m] results fit one PSUM bank and one
     # transpose (blocks x m <= 128); a partial last block alone.
-    per_group = max(1, min(P // m, t.psum_bank_bytes // (4 * m), FEW_ROWS_B_COLS // P))
+    per_group = _group_blocks(m, t)
     whole = [(n0, P) for n0 in range(0, nn - nn % P, P)]
     groups = [whole[i : i + per_group] for i in range(0, len(whole), per_group)]
     if nn % P:
         groups.append([(nn - nn % P, nn % P)])
     width_max = max(sum(w for _, w in g) for g in groups)
-    b_pool = b.sbuf_pool(width_max * dt.itemsize, bufs=3)
+    stream = ctx.weight_stream  # Note [weight stream]
+    if stream is not None and STREAM_TILES * width_max * dt.itemsize > stream.pool.nbytes:
+        stream = None
+    b_pool = stream.pool if stream else b.sbuf_pool(width_max * dt.itemsize, bufs=3)
     acc = b.psum_pool(bufs=2)
     res_pool = b.sbuf_pool(per_group * m * 4, bufs=2)
     o_pool = b.sbuf_pool(P * odt.itemsize, bufs=2)
@@ -101,7 +163,15 @@ def emit_few_rows(ctx: EmitCtx, n: Node, epilogue: Sequence[Node]) -> None:
         ps = acc.tile(nw, (len(members) * m,), DType.F32)
         for ki, (k0, kt) in enumerate(k_tiles):
             bt = b_pool.tile(kt, (width,), dt)  # B's rows k0.., the group's columns
-            b.dma(bt, rect(b_buf, dt, b_first + k0 * b_stride + n0, b_stride, kt, width))
+            first = b_first + k0 * b_stride + n0
+            if stream is None:
+                b.dma(bt, rect(b_buf, dt, first, b_stride, kt, width))
+            else:  # in slices of partitions, each fitting between other transfers
+                rows = max(1, t.dma_engines // len(stream.queues))  # a row per engine
+                for p0 in range(0, kt, rows):
+                    pn = min(rows, kt - p0)
+                    src = rect(b_buf, dt, first + p0 * b_stride, b_stride, pn, width)
+                    b.dma(replace(bt, p0=bt.p0 + p0, np=pn), src, queue=stream.queue())
             for j in range(len(members)):
                 mm = isa.Matmul(
                     "pe",

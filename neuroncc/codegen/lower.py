@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from neuroncc.codegen import emit_matmul, emit_tensor  # noqa: F401  (register the emitters)
+from neuroncc.codegen.builder import OnChipOverflow, RingPool
 from neuroncc.codegen.emit import EMITTERS, EmitCtx
 from neuroncc.codegen.emit_attention import (
     AttentionPlan,
@@ -10,6 +11,12 @@ from neuroncc.codegen.emit_attention import (
     emit_attention,
     fold_operand_views,
     with_key_facts,
+)
+from neuroncc.codegen.emit_few_rows import (
+    STREAM_QUEUES,
+    STREAM_TILES,
+    WeightStream,
+    stream_tile_bytes,
 )
 from neuroncc.codegen.emit_fused import emit_fused
 from neuroncc.codegen.program import Executable
@@ -22,7 +29,20 @@ from neuroncc.ir.printer import format_node
 
 
 def emit_graph(g: Graph, target: Target) -> Executable:
+    tile = stream_tile_bytes(g, target)
+    if tile:  # Note [weight stream]
+        try:
+            return _emit(g, target, STREAM_TILES * tile)
+        except OnChipOverflow:
+            pass  # a kernel needs the bytes the ring would take: without it
+    return _emit(g, target, 0)
+
+
+def _emit(g: Graph, target: Target, stream_bytes: int) -> Executable:
     ctx = EmitCtx(g, target)
+    if stream_bytes:
+        ring = RingPool("sbuf", ctx.b.reserve_sbuf(stream_bytes), stream_bytes)
+        ctx.weight_stream = WeightStream(ring, ctx.b.reserve_queues(STREAM_QUEUES))
     nodes = list(g.nodes)
     start = {ids[0]: ids for ids in g.kernels}
     attention: dict[int, AttentionPlan] = {}
