@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from dataclasses import replace
+from typing import Any
 
 import torch
 
@@ -79,10 +80,9 @@ class LaidOutWeights:
 
     def __init__(self, capacity: int = 1024) -> None:
         self.capacity = capacity
-        # (layout graph key, W's address) -> (a copy of W, Wᵀ or None when only timed)
-        self._items: OrderedDict[tuple[str, int], tuple[torch.Tensor, torch.Tensor | None]] = (
-            OrderedDict()
-        )
+        # (layout graph key, W's address) -> (a copy of W, or its version when only timed;
+        # Wᵀ, or None when only timed)
+        self._items: OrderedDict[tuple[str, int], tuple[Any, torch.Tensor | None]] = OrderedDict()
 
     def get(
         self, key: str, w: torch.Tensor, transpose: CompiledExecutable, timing_only: bool
@@ -90,7 +90,7 @@ class LaidOutWeights:
         """Wᵀ of w by the compiled `transpose` (None when timing only: timed, not run)."""
         slot = (key, w.data_ptr())
         kept = self._items.get(slot)
-        if kept is not None and _same_bytes(kept[0], w) and (timing_only or kept[1] is not None):
+        if kept is not None and _unchanged(*kept, w, timing_only):
             self._items.move_to_end(slot)
             return kept[1]
         STATS.add("weight_layouts")
@@ -99,7 +99,9 @@ class LaidOutWeights:
             made = None
         else:
             (made,) = transpose.run([w])
-        self._items[slot] = (w.clone(), made)
+        # Timing only, the outputs are eager's and only the layout's time is at stake, and a
+        # copy of each weight would double the memory of a model too big to simulate.
+        self._items[slot] = (w._version if timing_only else w.clone(), made)
         if len(self._items) > self.capacity:
             self._items.popitem(last=False)
         return made
@@ -122,6 +124,14 @@ class LaidOut:
     def __call__(self, args: Sequence[torch.Tensor], timing_only: bool = False):
         w = args[self.arg].detach()
         return LAID_OUT.get(self.key, w, self.transpose, timing_only)
+
+
+def _unchanged(seen: Any, made: torch.Tensor | None, w: torch.Tensor, timing_only: bool) -> bool:
+    """Is w what `seen` recorded (its bytes, or only its version when timing only), with Wᵀ
+    made where the call needs it?"""
+    if isinstance(seen, int):
+        return timing_only and seen == w._version
+    return (timing_only or made is not None) and _same_bytes(seen, w)
 
 
 def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -73,6 +73,11 @@ def test_timing_only_times_the_layout_once(fresh):
     neuroncc.reset_stats()
     _check(compiled, model, x)
     assert neuroncc.stats()["timing_only_executions"] == 1
+    with torch.no_grad():  # timing only, the version tells (no copy of W is kept)
+        model[0].weight.mul_(2.0)
+    neuroncc.reset_stats()
+    _check(compiled, model, x)
+    assert neuroncc.stats()["timing_only_executions"] == 2
 
 
 def test_bytes_are_compared_bit_for_bit():
