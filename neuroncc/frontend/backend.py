@@ -31,7 +31,7 @@ from neuroncc.frontend.compile import (
 )
 from neuroncc.frontend.decompositions import DECOMPOSITIONS
 from neuroncc.frontend.dump import dump_graph, write_run_summary_at_exit
-from neuroncc.frontend.fx_import import import_fx
+from neuroncc.frontend.fx_import import ImportedGraph, import_fx
 from neuroncc.frontend.fx_serde import STATIC_MARK
 from neuroncc.frontend.partition import find_declined, report_fallback, split_graph
 from neuroncc.frontend.weight_layout import LaidOut, take_transposed, transpose_graph
@@ -130,7 +130,7 @@ def compile_region(
     return GraphRunner(compiled, sources, imported.output_slots, gm if opts.timing_only else None)
 
 
-def _layout_sources(imported, opts: CompileOptions, name: str) -> list:
+def _layout_sources(imported: ImportedGraph, opts: CompileOptions, name: str) -> list:
     """The graph's input sources, each ("layout", arg) bound to a LaidOut over the compiled
     transpose that lays its weight out (Note [weight layout])."""
     sources = []

@@ -11,8 +11,10 @@ opt_level 2:
   Wᵀ, and the transposes go: the matmuls read Wᵀ as it lies in HBM.
 - `LaidOut` binds that input to Wᵀ made by a compiled transpose graph, run on the simulator like
   any graph (stats() counts it: its device time is the load-time cost). Wᵀ is kept, for every
-  graph that takes it (`LAID_OUT`), and made again only when W's bytes change. They are compared on every call, since a write through
-  `.data` does not bump the version counter and the version alone could serve a stale Wᵀ.
+  graph that takes it (`LAID_OUT`), and made again only when W's bytes change. They are
+  compared on every call, since a write through `.data` does not bump the version counter and
+  the version alone could serve a stale Wᵀ. Timing only, where the outputs are eager's, the
+  version is all that is kept.
 Training graphs are left alone: their weights change every step.
 """
 
@@ -26,7 +28,7 @@ from typing import Any
 import torch
 
 from neuroncc.frontend.fx_import import ImportedGraph
-from neuroncc.ir.graph import Graph, GraphBuilder, Value
+from neuroncc.ir.graph import Graph, GraphBuilder, Node, Value
 from neuroncc.ir.ops import Op
 from neuroncc.ir.types import TensorType
 from neuroncc.runtime.executor import CompiledExecutable
@@ -64,7 +66,7 @@ def take_transposed(imported: ImportedGraph, static: Collection[int]) -> Importe
     return ImportedGraph(graph, sources, imported.output_slots)
 
 
-def _reads_transposed(node, outputs: set[int]) -> bool:
+def _reads_transposed(node: Node, outputs: set[int]) -> bool:
     return node.op is Op.TRANSPOSE and node.attr("perm") == (1, 0) and node.out.id not in outputs
 
 
