@@ -64,7 +64,7 @@ class EmitCtx:
         # the SBUF ring that matmuls of few rows load their weights through (Note [weight
         # stream] in emit_few_rows.py), or None
         self.weight_stream = None  # emit_few_rows.WeightStream
-        # Attention operands read in place (emit_attention.fold_operand_views): value id ->
+        # Attention operands read in place (attention_operands.fold_operand_views): value id ->
         # its views.View.
         self.views: dict = {}
 

@@ -5,7 +5,7 @@ kept in SBUF and PSUM: the [rows, keys] scores never go to HBM.
 Note [attention kernel]: the fuse pass groups `matmul(Q, Kᵀ)`, the reshapes and row ops after it
 (`row_plan.plan` with the key axis as the row) and `matmul(P, V)`. Per batch (head) the kernel
 loads Kᵀ [D, N] (or K, transposed on chip) and V ([128, Dv] tiles over the keys) once, reading
-them in place (Note [attention operands]); per block of 128 query rows it
+them in place (Note [attention operands] in attention_operands.py); per block of 128 query rows it
 - transposes the Q block on TensorE (Qᵀ [D, rows]: the contraction on partitions), computes the
   scores in [rows, 512] PSUM banks and copies them to one [rows, N] SBUF tile, applying the
   scores' first op if it is a constant scale (`evac`);
@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from neuroncc.codegen import dead_keys, isa
+from neuroncc.codegen.attention_operands import load_kind, operands
 from neuroncc.codegen.builder import TilePool
 from neuroncc.codegen.costs import dma_ns, instr_ns
 from neuroncc.codegen.emit import EmitCtx, P, rect
@@ -43,7 +44,7 @@ from neuroncc.codegen.emit_fused import GENERATED_BYTES, RowKernel, generated_va
 from neuroncc.codegen.pe_transpose import PeTransposer
 from neuroncc.codegen.row_plan import RowPlan, plan, sbuf_bytes
 from neuroncc.codegen.targets import Target
-from neuroncc.codegen.views import View, strided_view
+from neuroncc.codegen.views import View
 from neuroncc.ir.graph import Graph, Node, Value
 from neuroncc.ir.ops import Op
 from neuroncc.ir.types import DType
@@ -368,62 +369,6 @@ def attention_plans(g: Graph, t: Target) -> dict[int, AttentionPlan | None]:
     }
 
 
-def fold_operand_views(
-    g: Graph, plans: Sequence[AttentionPlan]
-) -> tuple[dict[int, View], set[int]]:
-    """Note [attention operands]: q, Kᵀ and v usually come out of one QKV projection through
-    slices, head-splitting reshapes and transposes. Where only the attention kernel reads
-    that chain, the kernel reads the projection in place (views.strided_view) and the chain
-    is not emitted: no transpose or slice kernel, no HBM round trip. Kᵀ whose keys are
-    contiguous (K's rows) is loaded as K and transposed on TensorE. Returns operand value id
-    -> its view, and the ids of the nodes not to emit."""
-    producers, users = g.producers(), g.users()
-    outputs = {v.id for v in g.outputs}
-    views: dict[int, View] = {}
-    viewed_by: dict[int, set[int]] = {}  # matmul out id -> the operands it reads as views
-    in_kernels = g.kernel_of()
-    chains: set[int] = set()
-    for ap in plans:
-        for mm, operand, layout in zip(
-            (ap.scores, ap.scores, ap.out), _operands(ap), ("rows", "keys", "rows"), strict=True
-        ):
-            view, chain = strided_view(operand, producers, in_kernels)
-            if chain and _load(view, layout) is not None:
-                views[operand.id] = view
-                viewed_by.setdefault(mm.out.id, set()).add(operand.id)
-                chains.update(chain)
-
-    def only_read_in_place(vid: int) -> bool:
-        return vid not in outputs and all(
-            u.out.id in skipped or vid in viewed_by.get(u.out.id, ()) for u in users[vid]
-        )
-
-    # A chain node is not emitted once everything that reads it is not emitted or reads it
-    # in place; nodes shared with other readers stay (the views read through them).
-    skipped: set[int] = set()
-    grown = True
-    while grown:
-        new = {vid for vid in chains - skipped if only_read_in_place(vid)}
-        skipped |= new
-        grown = bool(new)
-    return views, skipped
-
-
-def _operands(ap: AttentionPlan) -> tuple[Value, Value, Value]:
-    return ap.scores.inputs[0], ap.scores.inputs[1], ap.out.inputs[1]
-
-
-def _load(view: View, layout: str) -> str | None:
-    """How a view is read: "rows" (q, v: the last axis contiguous), "kt" (Kᵀ rows contiguous)
-    or "k" (K's rows contiguous, transposed on chip); None if it cannot be."""
-    last, second = view.strides[-1], view.strides[-2]
-    if layout == "rows":
-        return "rows" if last == 1 else None
-    if last == 1:
-        return "kt"
-    return "k" if second == 1 else None
-
-
 def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
     b, t = ctx.b, ctx.target
     q = ap.scores.inputs[0]
@@ -432,7 +377,7 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
     m, d, n, dv = ap.m, ap.d, ap.n, ap.dv
     nf = t.pe_moving_fmax
     out = ctx.alloc(ap.out.out)
-    qv, kv, vv = (ctx.views.get(x.id) or View.of(x) for x in _operands(ap))
+    qv, kv, vv = (ctx.views.get(x.id) or View.of(x) for x in operands(ap))
     # Qᵀ already in HBM (a transpose folded into its matmul readers): load it as it is
     folded = ctx.transposed_view.get(q.id) if q.id not in ctx.views else None
     inside = frozenset({ap.scores.out.id, ap.out.out.id, *ap.s_ids, *ap.p_chain, *ap.elided})
@@ -492,7 +437,7 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
             heads.pop(bi - alive, None)  # its tiles are taken again
             k_t = kt_pool.tile(d, (n,), qdt)
             off = kv.batch_offset(bi)
-            if _load(kv, "keys") == "kt":
+            if load_kind(kv, "keys") == "kt":
                 b.dma(k_t, rect(ctx.buf(kv.base), qdt, off, kv.strides[-2], d, n))
             else:  # K's rows, transposed on chip
                 for k0, kw in key_tiles:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from neuroncc.codegen import emit_matmul, emit_tensor  # noqa: F401  (register the emitters)
+from neuroncc.codegen.attention_operands import fold_operand_views
 from neuroncc.codegen.builder import OnChipOverflow, RingPool
 from neuroncc.codegen.emit import EMITTERS, EmitCtx
 from neuroncc.codegen.emit_attention import (
     AttentionPlan,
     attention_plans,
     emit_attention,
-    fold_operand_views,
     with_key_facts,
 )
 from neuroncc.codegen.emit_few_rows import (

@@ -4,7 +4,7 @@ A kernel that can address its operand with strides does not need the reshape/tra
 chain to be materialised in HBM first: `strided_view` walks back from a value through those
 nodes to the value that owns a buffer and returns the affine map from the value's indices to
 that buffer's elements. The attention kernel reads q, k and v this way straight out of the
-fused QKV projection (emit_attention.fold_operand_views).
+fused QKV projection (attention_operands.fold_operand_views).
 """
 
 from __future__ import annotations

@@ -1,0 +1,69 @@
+"""The attention kernel's operands read in place (Note [attention operands]), from the
+projection they come out of, through its slices, head splits and transposes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from neuroncc.codegen.views import View, strided_view
+from neuroncc.ir.graph import Graph, Value
+
+if TYPE_CHECKING:
+    from neuroncc.codegen.emit_attention import AttentionPlan
+
+
+def fold_operand_views(
+    g: Graph, plans: Sequence[AttentionPlan]
+) -> tuple[dict[int, View], set[int]]:
+    """Note [attention operands]: q, Kᵀ and v usually come out of one QKV projection through
+    slices, head-splitting reshapes and transposes. Where only the attention kernel reads
+    that chain, the kernel reads the projection in place (views.strided_view) and the chain
+    is not emitted: no transpose or slice kernel, no HBM round trip. Kᵀ whose keys are
+    contiguous (K's rows) is loaded as K and transposed on TensorE. Returns operand value id
+    -> its view, and the ids of the nodes not to emit."""
+    producers, users = g.producers(), g.users()
+    outputs = {v.id for v in g.outputs}
+    views: dict[int, View] = {}
+    viewed_by: dict[int, set[int]] = {}  # matmul out id -> the operands it reads as views
+    in_kernels = g.kernel_of()
+    chains: set[int] = set()
+    for ap in plans:
+        for mm, operand, layout in zip(
+            (ap.scores, ap.scores, ap.out), operands(ap), ("rows", "keys", "rows"), strict=True
+        ):
+            view, chain = strided_view(operand, producers, in_kernels)
+            if chain and load_kind(view, layout) is not None:
+                views[operand.id] = view
+                viewed_by.setdefault(mm.out.id, set()).add(operand.id)
+                chains.update(chain)
+
+    def only_read_in_place(vid: int) -> bool:
+        return vid not in outputs and all(
+            u.out.id in skipped or vid in viewed_by.get(u.out.id, ()) for u in users[vid]
+        )
+
+    # A chain node is not emitted once everything that reads it is not emitted or reads it
+    # in place; nodes shared with other readers stay (the views read through them).
+    skipped: set[int] = set()
+    grown = True
+    while grown:
+        new = {vid for vid in chains - skipped if only_read_in_place(vid)}
+        skipped |= new
+        grown = bool(new)
+    return views, skipped
+
+
+def operands(ap: AttentionPlan) -> tuple[Value, Value, Value]:
+    return ap.scores.inputs[0], ap.scores.inputs[1], ap.out.inputs[1]
+
+
+def load_kind(view: View, layout: str) -> str | None:
+    """How a view is read: "rows" (q, v: the last axis contiguous), "kt" (Kᵀ rows contiguous)
+    or "k" (K's rows contiguous, transposed on chip); None if it cannot be."""
+    last, second = view.strides[-1], view.strides[-2]
+    if layout == "rows":
+        return "rows" if last == 1 else None
+    if last == 1:
+        return "kt"
+    return "k" if second == 1 else None
