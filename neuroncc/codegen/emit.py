@@ -52,7 +52,7 @@ class EmitCtx:
         # buffer holding the untransposed data.
         self.transposed_view: dict[int, str] = {}
         # ... and where in that buffer the data starts, in elements, where it is a run of a
-        # larger tensor's rows (a slice of W, read in place: lower._rows_read_in_place)
+        # larger tensor's rows (a slice of W, read in place: views.rows_read_in_place)
         self.view_offset: dict[int, int] = {}
         # slice value id -> (the value it slices, the element its rows start at)
         self.row_slices: dict[int, tuple[Value, int]] = {}

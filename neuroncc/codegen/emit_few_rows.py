@@ -157,6 +157,7 @@ def emit_few_rows(ctx: EmitCtx, n: Node, epilogue: Sequence[Node]) -> None:
     res_pool = b.sbuf_pool(per_group * m * 4, bufs=2)
     o_pool = b.sbuf_pool(P * odt.itemsize, bufs=2)
     b_buf, b_first, b_stride = ctx.matrix_source(b_v)  # (B may be a wider tensor's columns)
+    per_dma = max(1, t.dma_engines // STREAM_QUEUES)  # stream DMAs: a partition row per engine
     for members in groups:
         n0, nw = members[0][0], members[0][1]
         width = sum(w for _, w in members)
@@ -167,9 +168,8 @@ def emit_few_rows(ctx: EmitCtx, n: Node, epilogue: Sequence[Node]) -> None:
             if stream is None:
                 b.dma(bt, rect(b_buf, dt, first, b_stride, kt, width))
             else:  # in slices of partitions, each fitting between other transfers
-                rows = max(1, t.dma_engines // len(stream.queues))  # a row per engine
-                for p0 in range(0, kt, rows):
-                    pn = min(rows, kt - p0)
+                for p0 in range(0, kt, per_dma):
+                    pn = min(per_dma, kt - p0)
                     src = rect(b_buf, dt, first + p0 * b_stride, b_stride, pn, width)
                     b.dma(replace(bt, p0=bt.p0 + p0, np=pn), src, queue=stream.queue())
             for j in range(len(members)):

@@ -139,8 +139,9 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
     folded = ctx.transposed_view.get(a_v.id)  # A^T already in HBM: load it as it is
     merge = ctx.merged_heads.get(a_v.id)  # A read through a head merge (views.MergedHeads)
     a_buf = folded if folded is not None else None if merge else ctx.buf(a_v)
-    # B's rows, at b_stride (a slice of a wider tensor's columns: EmitCtx.matrix_source)
-    b_buf, b_first, b_stride = (w_buf, 0, 0) if w_buf is not None else ctx.matrix_source(b_v)
+    # B, or W for B = W^T, as it lies in HBM: its first element and row stride (B may be a
+    # slice of a wider tensor's columns: EmitCtx.matrix_source)
+    b_buf, b_first, b_stride = (w_buf, w_off, k) if w_buf is not None else ctx.matrix_source(b_v)
     nf = t.pe_moving_fmax
     epi_plan = epilogue_plan(n, epilogue, t) if epilogue else None
     on_pe = folded is None and t.pe_exact_transpose
@@ -151,8 +152,9 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
     if blocking is None:  # the epilogue, if any, as a kernel of its own after the matmul
         out = ctx.alloc(n.out)
         if m and nn:
-            b_at = w_off if w_buf is not None else (b_first, b_stride)
-            _emit_zero_or_simple(ctx, n, a_buf, b_buf, out, folded is not None, b_at)
+            _emit_zero_or_simple(
+                ctx, n, a_buf, b_buf, out, folded is not None, w_buf is not None, b_first, b_stride
+            )
         if epilogue:  # laid out as the product's rows, as the fuse pass planned it
             emit_fused(ctx, epilogue, (n.out.type.shape, 1))
         return
@@ -222,7 +224,7 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
         for j0 in range(0, width, P):  # B[k0:, n0+j0:] is W[n0+j0:, k0:] transposed
             jw = min(P, width - j0)
             wt = w_pool.tile(jw, (kt,), dt)
-            b.dma(wt, rect(b_buf, dt, w_off + (n0 + j0) * k + k0, k, jw, kt))
+            b.dma(wt, rect(b_buf, dt, b_first + (n0 + j0) * b_stride + k0, b_stride, jw, kt))
             transpose(bt.cols(j0, jw), wt)
         return bt
 
@@ -285,12 +287,14 @@ def _emit_zero_or_simple(
     b_buf: str,
     out: str,
     a_is_transposed: bool,
-    b_at: int | tuple[int, int],
+    b_is_transposed: bool,
+    b_first: int,
+    b_stride: int,
 ) -> None:
     """K == 0 (a zero result), or a K too long to keep A^T on chip: the plain tiled schedule,
     A^T tiles loaded by DMA (element-strided unless `a_buf` already holds A^T), B tiles too
-    where `b_buf` holds W for B = W^T (a 2-D matmul; `b_at` is then W's first element, else
-    B's first element and row stride)."""
+    where `b_buf` holds W for B = W^T (a 2-D matmul). B (or W) starts at element b_first of
+    `b_buf`, its rows b_stride apart."""
     b, t = ctx.b, ctx.target
     a_v, b_v = n.inputs
     *batch, m, k = a_v.type.shape
@@ -301,8 +305,6 @@ def _emit_zero_or_simple(
     b_pool = b.sbuf_pool(nt_max * dt.itemsize, bufs=2)
     o_pool = b.sbuf_pool(nt_max * odt.itemsize, bufs=2)
     ps_pool = b.psum_pool(bufs=2)
-    b_is_transposed = isinstance(b_at, int)
-    w_off, (b_first, b_stride) = (b_at, (0, 0)) if b_is_transposed else (0, b_at)
     for bi in range(math.prod(batch)):
         a_off, b_off, o_off = bi * m * k, b_first + bi * k * b_stride, bi * m * nn
         for m0 in range(0, m, mt_max):
@@ -324,7 +326,8 @@ def _emit_zero_or_simple(
                         b.dma(at, src)
                         bt = b_pool.tile(kt, (nt,), dt)
                         if b_is_transposed:
-                            src = isa.DramRef(b_buf, w_off + n0 * k + k0, dt, ((1, kt), (k, nt)))
+                            first = b_first + n0 * b_stride + k0
+                            src = isa.DramRef(b_buf, first, dt, ((1, kt), (b_stride, nt)))
                         else:
                             src = rect(b_buf, dt, b_off + k0 * b_stride + n0, b_stride, kt, nt)
                         b.dma(bt, src)

@@ -7,7 +7,7 @@ pass decides, per TRANSPOSE, how codegen realises it:
 - `fold`: no kernel at all. A last-two-axes transpose that only matmuls read as their left
   operand is what they need anyway: they load A^T from its input directly (emit_matmul). So
   are the transposes an attention kernel reads in place through strided views (Note
-  [attention operands] in emit_attention.py), and an attention output's head merge that
+  [attention operands] in attention_operands.py), and an attention output's head merge that
   matmuls read as their left operand (views.MergedHeads). A weight's W^T read as the right
   operand of 2-D matmuls folds where transposing W on chip as each matmul loads it (once per
   M block) costs less than a transpose kernel, which also writes W^T to HBM and reads it
