@@ -8,6 +8,7 @@ the same storage: aliasing, capacity and out-of-bounds behave as on the device.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -21,7 +22,7 @@ from neuroncc.errors import SimulationError
 # simulation).
 _ON_CHIP = threading.local()
 KEPT_HBM_BYTES = 512 * 2**20
-KEPT_VIEW_EXECUTABLES = 8
+KEPT_EXECUTABLES = 8
 
 
 def _on_chip(shape: tuple[int, int]) -> np.ndarray:
@@ -33,19 +34,29 @@ def _on_chip(shape: tuple[int, int]) -> np.ndarray:
     return a
 
 
-def _kept_views(exe: Executable, arrays: tuple[np.ndarray, ...]) -> dict:
-    """Operand views of exe onto these arrays, kept from its last runs on this thread: a view
-    onto the same bytes stays valid run after run, and making one costs more than most
-    instructions' arithmetic. Keyed by the operand object (held, so its id stays its own)."""
-    cache = _ON_CHIP.__dict__.setdefault("views", {})  # oldest first
+@dataclass
+class Kept:
+    """What one executable's runs on this thread's memory arrays share: its operands' views
+    (keyed by the operand object, held so its id stays its own) and its steps, once a run has
+    prepared them all (semantics.py). Both stay valid run after run: they name the same bytes,
+    and making them costs more than most instructions' arithmetic."""
+
+    exe: Executable
+    views: dict = field(default_factory=dict)
+    steps: list | None = None
+
+
+def _kept(exe: Executable, arrays: tuple[np.ndarray, ...]) -> Kept:
+    """exe's Kept for these arrays, from its last runs on this thread if it has one."""
+    cache = _ON_CHIP.__dict__.setdefault("kept", {})  # oldest first
     key = (id(exe), *(a.__array_interface__["data"][0] for a in arrays))
-    entry = cache.pop(key, None)
-    if entry is None or entry[0] is not exe:
-        entry = (exe, {})
-    cache[key] = entry
-    while len(cache) > KEPT_VIEW_EXECUTABLES:
+    kept = cache.pop(key, None)
+    if kept is None or kept.exe is not exe:
+        kept = Kept(exe)
+    cache[key] = kept
+    while len(cache) > KEPT_EXECUTABLES:
         del cache[next(iter(cache))]
-    return entry[1]
+    return kept
 
 
 def _hbm(nbytes: int) -> np.ndarray:
@@ -56,7 +67,7 @@ def _hbm(nbytes: int) -> np.ndarray:
         return np.zeros(nbytes, np.uint8)
     a = getattr(_ON_CHIP, "hbm", None)
     if a is None or a.size < nbytes:
-        _ON_CHIP.__dict__.get("views", {}).clear()  # they hold the old array
+        _ON_CHIP.__dict__.get("kept", {}).clear()  # their views hold the old array
         a = _ON_CHIP.hbm = np.empty(nbytes, np.uint8)
     a = a[:nbytes]
     a.fill(0)
@@ -78,7 +89,8 @@ class Memories:
         self._buffers = {b.name: b for b in exe.buffers}
         self._tiles: dict[isa.TileRef, np.ndarray] = {}
         kept = self.hbm.size <= KEPT_HBM_BYTES  # else a fresh HBM array: views die with it
-        self._views = _kept_views(exe, (self.hbm, self.sbuf, self.psum)) if kept else {}
+        self.kept = _kept(exe, (self.hbm, self.sbuf, self.psum)) if kept else Kept(exe)
+        self._views = self.kept.views
 
     def tile(self, ref: isa.TileRef) -> np.ndarray:
         """The numpy view of a tile, checked once per distinct TileRef (a program names the

@@ -1,8 +1,22 @@
-"""What each instruction does to memory, computed with numpy on the tiles it names.
+"""What each instruction does to memory, computed on the tiles it names.
 
 Engines compute in fp32 (integers in int64, predicates as bool) and round to the destination
-dtype; TensorE multiplies into fp32 PSUM. Each function checks the hardware rules its
-instruction must obey (tile limits, memory kinds, shapes) and raises SimulationError otherwise.
+dtype; TensorE multiplies into fp32 PSUM. Numpy computes everything but two things, where
+torch's CPU kernels, run on the same bytes (zero-copy views), are faster by as much as the rest
+of a step costs (GPT-2 block at 512, 2 cores):
+- TensorE's products: numpy's OpenBLAS takes 87-118 us per 128x128 by 128x512 tile,
+  torch 58-61 (77.6 ms against 52.5 for the block's 1056 matmuls);
+- VectorE's fp32 add, sub, mul and div: IEEE-exact in both, so the same bits
+  (tests/runtime/test_semantics.py), twice as fast.
+Neither is the graph's ATen op: each multiplies or adds the one tile its instruction names.
+
+Each opcode has a `prepare` function: it checks the rules its instruction must obey (tile
+limits, memory kinds, shapes) and raises SimulationError otherwise, binds the operands to views
+of the memories, and returns the step, a function of no arguments that does the arithmetic. The
+checks and the views cost more than most steps' arithmetic, and a program names the same bytes
+in every run, so the simulator keeps an executable's steps from run to run (memory.Kept).
+A prepare function may read memory (the identity of a transpose) only when the memories are
+`checked`: in that run each step is prepared right after the one before it has run.
 """
 
 from __future__ import annotations
@@ -11,6 +25,7 @@ import functools
 from collections.abc import Callable
 
 import numpy as np
+import torch
 
 from neuroncc.codegen import isa
 from neuroncc.codegen.targets import Target
@@ -18,17 +33,37 @@ from neuroncc.errors import SimulationError
 from neuroncc.ir import numerics
 from neuroncc.runtime.memory import Memories
 
+Step = Callable[[], None]
+
+
+def _compute_dtype(dtype: np.dtype) -> np.dtype:
+    if dtype == np.bool_:
+        return dtype
+    return np.dtype(np.int64 if dtype.kind in "iu" else np.float32)
+
 
 def _compute(a: np.ndarray) -> np.ndarray:
-    if a.dtype == np.bool_:
-        return a
-    if a.dtype.kind in "iu":
-        return a.astype(np.int64, copy=False)
-    return a.astype(np.float32, copy=False)  # a view where it is one: nothing writes into it
+    return a.astype(_compute_dtype(a.dtype), copy=False)  # a view where it is one: not written
 
 
 def _store(dst: np.ndarray, values: np.ndarray) -> None:
     dst[...] = np.asarray(values).astype(dst.dtype, copy=False).reshape(dst.shape)
+
+
+def _as_f32(a: np.ndarray) -> Callable[[], np.ndarray]:
+    """a's values in fp32 at the time of the call: a itself if it holds fp32, else a fresh
+    conversion (one made now would go stale)."""
+    if a.dtype == np.float32:
+        return lambda: a
+    return lambda: a.astype(np.float32)
+
+
+def _as_f32_tensor(a: np.ndarray) -> Callable[[], torch.Tensor]:
+    """_as_f32 as a torch tensor on the same bytes."""
+    if a.dtype == np.float32:
+        t = torch.from_numpy(a)
+        return lambda: t
+    return lambda: torch.from_numpy(a.astype(np.float32))
 
 
 def _same_shape(ins: isa.Instr, *refs: isa.TileRef) -> None:
@@ -37,39 +72,77 @@ def _same_shape(ins: isa.Instr, *refs: isa.TileRef) -> None:
         raise SimulationError(f"{ins.opcode}: operand shapes differ: {sorted(shapes)}")
 
 
-def run_dma(m: Memories, ins: isa.Dma, t: Target) -> None:
+def _partly_overlap(x: isa.TileRef, y: isa.TileRef) -> bool:
+    """Whether x and y share bytes without being the same tile (an elementwise kernel that
+    writes its input in place is fine; one whose output overlaps its input shifted is not)."""
+    if x.mem != y.mem or x == y:
+        return False
+    return (
+        x.p0 < y.p0 + y.np
+        and y.p0 < x.p0 + x.np
+        and x.offset < y.offset + y.free_bytes
+        and y.offset < x.offset + x.free_bytes
+    )
+
+
+def prepare_dma(m: Memories, ins: isa.Dma, t: Target) -> Step:
     if ins.src.dtype != ins.dst.dtype:
         raise SimulationError(f"dma cannot convert {ins.src.dtype.value} to {ins.dst.dtype.value}")
     src, dst = m.view(ins.src), m.view(ins.dst)
     if src.size != dst.size:
         raise SimulationError(f"dma moves {src.size} elements into {dst.size}")
-    dst[...] = src if src.shape == dst.shape else src.reshape(dst.shape)  # a copy only if needed
+    if src.shape != dst.shape:
+        shaped = src.reshape(dst.shape)
+        if not np.may_share_memory(shaped, src):  # a copy: reshape in every run
+            return lambda: dst.__setitem__(Ellipsis, src.reshape(dst.shape))
+        src = shaped
+
+    def step() -> None:
+        dst[...] = src
+
+    return step
 
 
 def _indexed_table(
     m: Memories, ins: isa.DmaGather | isa.DmaScatter
-) -> tuple[np.ndarray, np.ndarray]:
-    """(row indices, table view) of an indirect DMA, every index checked against the table."""
-    idx = m.tile(ins.index).reshape(-1).astype(np.int64)
-    table = m.dram(ins.table)
-    if idx.size and (idx.min() < 0 or idx.max() >= table.shape[0]):
-        bad = idx[(idx < 0) | (idx >= table.shape[0])][0]
-        raise SimulationError(f"{ins.opcode}: index {bad} outside table of {table.shape[0]} rows")
-    return idx, table
+) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
+    """The indirect DMA's (row indices, table view), every index checked against the table."""
+    index, table = m.tile(ins.index), m.dram(ins.table)
+
+    def rows() -> tuple[np.ndarray, np.ndarray]:
+        idx = index.reshape(-1).astype(np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= table.shape[0]):
+            bad = idx[(idx < 0) | (idx >= table.shape[0])][0]
+            raise SimulationError(
+                f"{ins.opcode}: index {bad} outside table of {table.shape[0]} rows"
+            )
+        return idx, table
+
+    return rows
 
 
-def run_dma_gather(m: Memories, ins: isa.DmaGather, t: Target) -> None:
-    idx, table = _indexed_table(m, ins)
-    _store(m.tile(ins.dst), table[idx])
+def prepare_dma_gather(m: Memories, ins: isa.DmaGather, t: Target) -> Step:
+    rows, dst = _indexed_table(m, ins), m.tile(ins.dst)
+
+    def step() -> None:
+        idx, table = rows()
+        _store(dst, table[idx])
+
+    return step
 
 
-def run_dma_scatter(m: Memories, ins: isa.DmaScatter, t: Target) -> None:
-    idx, table = _indexed_table(m, ins)
-    rows = m.tile(ins.src).reshape(idx.size, -1)
-    table[...] = numerics.scatter_rows(np.asarray(table), idx, rows, ins.combine)
+def prepare_dma_scatter(m: Memories, ins: isa.DmaScatter, t: Target) -> Step:
+    rows, src = _indexed_table(m, ins), m.tile(ins.src)
+
+    def step() -> None:
+        idx, table = rows()
+        new = src.reshape(idx.size, -1)
+        table[...] = numerics.scatter_rows(np.asarray(table), idx, new, ins.combine)
+
+    return step
 
 
-def run_matmul(m: Memories, ins: isa.Matmul, t: Target) -> None:
+def prepare_matmul(m: Memories, ins: isa.Matmul, t: Target) -> Step:
     st, mv, dst = ins.stationary, ins.moving, ins.dst
     if st.mem != "sbuf" or mv.mem != "sbuf" or dst.mem != "psum":
         raise SimulationError("matmul reads SBUF operands and writes PSUM")
@@ -87,20 +160,24 @@ def run_matmul(m: Memories, ins: isa.Matmul, t: Target) -> None:
         or dst.offset // t.psum_bank_bytes != (dst.offset + dst.free_bytes - 1) // t.psum_bank_bytes
     ):
         raise SimulationError(f"matmul result {dst} must lie in one PSUM bank")
-    a = m.tile(st).reshape(st.np, -1).astype(np.float32, copy=False)
-    b = m.tile(mv).reshape(mv.np, -1).astype(np.float32, copy=False)
+    a_view, b_view = m.tile(st).reshape(st.np, -1), m.tile(mv).reshape(mv.np, -1)
     out = m.tile(dst)
     if ins.transpose:  # the exact transpose mode: data movement, no arithmetic
         if not t.pe_exact_transpose:
             raise SimulationError(f"{t.name} has no exact TensorE transpose mode")
-        if mv.shape != (st.np, st.np) or (m.checked and not np.array_equal(b, _identity(st.np))):
+        identity = _identity(st.np)
+        if mv.shape != (st.np, st.np) or (m.checked and not np.array_equal(b_view, identity)):
             raise SimulationError("a transpose matmul multiplies by the identity")
-        out[...] = np.ascontiguousarray(a).T  # 4x faster than one copy between strided views
-        return
+        a = _as_f32(a_view)
+
+        def transpose() -> None:
+            out[...] = np.ascontiguousarray(a()).T  # 4x faster than one copy of strided views
+
+        return transpose
+    a, b, out_t = _as_f32_tensor(a_view), _as_f32_tensor(b_view), torch.from_numpy(out)
     if ins.accumulate:
-        out += a.T @ b
-    else:
-        np.matmul(a.T, b, out=out)
+        return lambda: out_t.addmm_(a().T, b())
+    return lambda: torch.mm(a().T, b(), out=out_t)
 
 
 @functools.cache
@@ -108,40 +185,53 @@ def _identity(n: int) -> np.ndarray:
     return np.eye(n, dtype=np.float32)
 
 
-def run_activation(m: Memories, ins: isa.Activation, t: Target) -> None:
-    _same_shape(ins, ins.dst, ins.src)
-    fn = numerics.UNARY.get(ins.func)
+def _unary(func: str) -> Callable[[np.ndarray], np.ndarray]:
+    fn = numerics.UNARY.get(func)
     if fn is None:
-        raise SimulationError(f"activation function {ins.func!r} does not exist")
-    x = m.tile(ins.src).astype(np.float32, copy=False)
-    if ins.scale != 1.0 or ins.bias != 0.0:
-        x = x * np.float32(ins.scale) + np.float32(ins.bias)
-    _store(m.tile(ins.dst), fn(x))
+        raise SimulationError(f"activation function {func!r} does not exist")
+    return fn
 
 
-def run_activation_reduce(m: Memories, ins: isa.ActivationReduce, t: Target) -> None:
+def prepare_activation(m: Memories, ins: isa.Activation, t: Target) -> Step:
+    _same_shape(ins, ins.dst, ins.src)
+    fn, src, dst = _unary(ins.func), m.tile(ins.src), m.tile(ins.dst)
+    scale, bias = np.float32(ins.scale), np.float32(ins.bias)
+    affine = ins.scale != 1.0 or ins.bias != 0.0
+
+    def step() -> None:
+        x = src.astype(np.float32, copy=False)
+        _store(dst, fn(x * scale + bias if affine else x))
+
+    return step
+
+
+def prepare_activation_reduce(m: Memories, ins: isa.ActivationReduce, t: Target) -> Step:
     _same_shape(ins, ins.dst, ins.src)
     if not ins.bias.shape == ins.acc.shape == (ins.dst.np, 1):
         raise SimulationError(f"{ins.opcode}: bias and acc must be [{ins.dst.np}, 1] tiles")
-    fn = numerics.UNARY.get(ins.func)
-    if fn is None:
-        raise SimulationError(f"activation function {ins.func!r} does not exist")
-    x = m.tile(ins.src).astype(np.float32, copy=False).reshape(ins.dst.np, -1)
-    with np.errstate(invalid="ignore"):  # -inf - -inf in a fully masked row: nan, as IEEE says
-        x = x + m.tile(ins.bias).astype(np.float32).reshape(ins.dst.np, 1)
-    dst = m.tile(ins.dst)
-    _store(dst, fn(x))
-    rows = dst.astype(np.float32).reshape(ins.dst.np, -1)
-    _store(m.tile(ins.acc), rows.sum(axis=1, keepdims=True))
+    fn, p = _unary(ins.func), ins.dst.np
+    src, bias = m.tile(ins.src).reshape(p, -1), m.tile(ins.bias).reshape(p, 1)
+    dst, acc = m.tile(ins.dst), m.tile(ins.acc)
+
+    def step() -> None:
+        x = src.astype(np.float32, copy=False)
+        with np.errstate(invalid="ignore"):  # -inf - -inf in a fully masked row: nan, as IEEE
+            x = x + bias.astype(np.float32)
+        _store(dst, fn(x))
+        _store(acc, dst.astype(np.float32).reshape(p, -1).sum(axis=1, keepdims=True))
+
+    return step
 
 
 def _binary(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if op == "div" and a.dtype.kind == "i" and b.dtype.kind == "i":
         return numerics.int_divide(a, b)
-    fn = numerics.BINARY.get(op)
-    if fn is None:
+    return numerics.BINARY[op](a, b)
+
+
+def _check_binary(op: str) -> None:
+    if op not in numerics.BINARY:
         raise SimulationError(f"ALU op {op!r} does not exist")
-    return fn(a, b)
 
 
 def _promote(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -167,67 +257,114 @@ def _operand(m: Memories, ref: isa.TileRef, dst: isa.TileRef) -> np.ndarray:
     return x.reshape(dst.np, 1) if ref.shape != dst.shape else x.reshape(dst.np, -1)
 
 
-def run_tensor_tensor(m: Memories, ins: isa.TensorTensor, t: Target) -> None:
+# The VectorE ops torch computes to the same bits as numpy does (see the module docstring).
+# Not max and min: of -0.0 and 0.0, torch and numpy pick different ones.
+TORCH_BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div}
+
+
+def _torch_binary(m: Memories, ins: isa.TensorTensor) -> Step | None:
+    """The step of an fp32 tensor_tensor that torch computes, or None if numpy must: another
+    op or dtype, or an output that overlaps an input without being it."""
+    fn = TORCH_BINARY.get(ins.op)
+    refs = (ins.dst, ins.a, ins.b)
+    if fn is None or any(r.dtype.value != "f32" for r in refs):
+        return None
+    if ins.a.shape != ins.dst.shape and ins.b.shape != ins.dst.shape:
+        return None  # two per-partition scalars: torch would not broadcast them to dst
+    if _partly_overlap(ins.dst, ins.a) or _partly_overlap(ins.dst, ins.b):
+        return None
+    a, b = (torch.from_numpy(_operand(m, r, ins.dst)) for r in (ins.a, ins.b))
+    out = torch.from_numpy(m.tile(ins.dst).reshape(ins.dst.np, -1))
+    return lambda: fn(a, b, out=out)
+
+
+def prepare_tensor_tensor(m: Memories, ins: isa.TensorTensor, t: Target) -> Step:
     _operands_fit(ins, ins.dst, ins.a, ins.b)
-    a, b = _promote(_operand(m, ins.a, ins.dst), _operand(m, ins.b, ins.dst))
-    out = _binary(ins.op, a, b)
-    _store(m.tile(ins.dst), np.broadcast_to(out, (ins.dst.np, ins.dst.free_elems)))
+    _check_binary(ins.op)
+    fast = _torch_binary(m, ins)
+    if fast is not None:
+        return fast
+    a, b, dst = _operand(m, ins.a, ins.dst), _operand(m, ins.b, ins.dst), m.tile(ins.dst)
+    shape = (ins.dst.np, ins.dst.free_elems)
+
+    def step() -> None:
+        _store(dst, np.broadcast_to(_binary(ins.op, *_promote(a, b)), shape))
+
+    return step
 
 
-def run_tensor_scalar(m: Memories, ins: isa.TensorScalar, t: Target) -> None:
+def prepare_tensor_scalar(m: Memories, ins: isa.TensorScalar, t: Target) -> Step:
     _same_shape(ins, ins.dst, ins.src)
-    a = _compute(m.tile(ins.src))
-    b = np.asarray(ins.scalar, dtype=np.float32 if a.dtype.kind == "f" else np.float64)
-    if a.dtype == np.bool_:
-        a = a.astype(np.float32)
-    _store(m.tile(ins.dst), _binary(ins.op, a, b.astype(a.dtype)))
+    _check_binary(ins.op)
+    src, dst = m.tile(ins.src), m.tile(ins.dst)
+    kind = _compute_dtype(src.dtype)
+    scalar = np.asarray(ins.scalar, dtype=np.float32 if kind.kind == "f" else np.float64)
+    scalar = scalar.astype(np.float32 if kind == np.bool_ else kind)  # bools compute in fp32
+
+    def step() -> None:
+        a = _compute(src)
+        _store(dst, _binary(ins.op, a.astype(scalar.dtype, copy=False), scalar))
+
+    return step
 
 
-def run_tensor_reduce(m: Memories, ins: isa.TensorReduce, t: Target) -> None:
+def prepare_tensor_reduce(m: Memories, ins: isa.TensorReduce, t: Target) -> Step:
     if ins.dst.shape != (ins.src.np, 1):
         raise SimulationError(f"tensor_reduce writes [{ins.src.np}, 1], got {ins.dst}")
     fn = {"sum": np.sum, "max": np.max, "min": np.min, "prod": np.prod}.get(ins.op)
     if fn is None:
         raise SimulationError(f"reduce op {ins.op!r} does not exist")
-    x = _compute(m.tile(ins.src)).reshape(ins.src.np, -1)
-    _store(m.tile(ins.dst), fn(x, axis=1, keepdims=True))
+    src, dst = m.tile(ins.src), m.tile(ins.dst)
+
+    def step() -> None:
+        _store(dst, fn(_compute(src).reshape(ins.src.np, -1), axis=1, keepdims=True))
+
+    return step
 
 
-def run_tensor_copy(m: Memories, ins: isa.TensorCopy, t: Target) -> None:
+def prepare_tensor_copy(m: Memories, ins: isa.TensorCopy, t: Target) -> Step:
     _same_shape(ins, ins.dst, ins.src)
-    _store(m.tile(ins.dst), m.tile(ins.src))
+    src, dst = m.tile(ins.src), m.tile(ins.dst)
+    return lambda: _store(dst, src)
 
 
-def run_select(m: Memories, ins: isa.Select, t: Target) -> None:
+def prepare_select(m: Memories, ins: isa.Select, t: Target) -> Step:
     _operands_fit(ins, ins.dst, ins.pred, ins.a, ins.b)
-    pred = _operand(m, ins.pred, ins.dst).astype(np.bool_)
-    a, b = _operand(m, ins.a, ins.dst), _operand(m, ins.b, ins.dst)
-    _store(m.tile(ins.dst), np.broadcast_to(np.where(pred, a, b), (ins.dst.np, ins.dst.free_elems)))
+    pred, a, b = (_operand(m, r, ins.dst) for r in (ins.pred, ins.a, ins.b))
+    dst, shape = m.tile(ins.dst), (ins.dst.np, ins.dst.free_elems)
+
+    def step() -> None:
+        _store(dst, np.broadcast_to(np.where(pred.astype(np.bool_), a, b), shape))
+
+    return step
 
 
-def run_memset(m: Memories, ins: isa.Memset, t: Target) -> None:
-    m.tile(ins.dst)[...] = np.asarray(ins.value).astype(ins.dst.dtype.numpy)
+def prepare_memset(m: Memories, ins: isa.Memset, t: Target) -> Step:
+    dst, value = m.tile(ins.dst), np.asarray(ins.value).astype(ins.dst.dtype.numpy)
+    return lambda: dst.__setitem__(Ellipsis, value)
 
 
-def run_iota(m: Memories, ins: isa.Iota, t: Target) -> None:
+def prepare_iota(m: Memories, ins: isa.Iota, t: Target) -> Step:
     dst = m.tile(ins.dst)
     p = np.arange(ins.dst.np, dtype=np.float64)[:, None]
     f = np.arange(ins.dst.free_elems, dtype=np.float64)[None, :]
-    _store(dst, ins.base + p * ins.pstep + f * ins.fstep)
+    values = np.empty_like(dst)  # the same in every run: computed once
+    _store(values, ins.base + p * ins.pstep + f * ins.fstep)
+    return lambda: dst.__setitem__(Ellipsis, values)
 
 
-SEMANTICS: dict[str, Callable[[Memories, isa.Instr, Target], None]] = {
-    "dma": run_dma,
-    "dma_gather": run_dma_gather,
-    "dma_scatter": run_dma_scatter,
-    "matmul": run_matmul,
-    "activation": run_activation,
-    "activation_reduce": run_activation_reduce,
-    "tensor_tensor": run_tensor_tensor,
-    "tensor_scalar": run_tensor_scalar,
-    "tensor_reduce": run_tensor_reduce,
-    "tensor_copy": run_tensor_copy,
-    "select": run_select,
-    "memset": run_memset,
-    "iota": run_iota,
+PREPARE: dict[str, Callable[[Memories, isa.Instr, Target], Step]] = {
+    "dma": prepare_dma,
+    "dma_gather": prepare_dma_gather,
+    "dma_scatter": prepare_dma_scatter,
+    "matmul": prepare_matmul,
+    "activation": prepare_activation,
+    "activation_reduce": prepare_activation_reduce,
+    "tensor_tensor": prepare_tensor_tensor,
+    "tensor_scalar": prepare_tensor_scalar,
+    "tensor_reduce": prepare_tensor_reduce,
+    "tensor_copy": prepare_tensor_copy,
+    "select": prepare_select,
+    "memset": prepare_memset,
+    "iota": prepare_iota,
 }

@@ -3,7 +3,12 @@
 `run` binds the inputs into HBM, executes every instruction's semantics in program order (a
 valid order: deps only point backwards and each engine's stream is in order), checks every
 cross-engine hazard against the declared dependencies, and reads the outputs back from HBM.
-Results come only from executing instructions; nothing here calls PyTorch or the IR interpreter.
+Results come only from executing instructions, never from the graph's ATen ops or the IR
+interpreter.
+
+A run prepares each instruction's step (semantics.py: checks and operand views) and runs it.
+The steps are kept with the memories (memory.Kept), and a run without the race checker runs
+the kept steps of its executable's last run: what is left of an instruction is its arithmetic.
 """
 
 from __future__ import annotations
@@ -14,10 +19,10 @@ import numpy as np
 
 from neuroncc.codegen.program import Executable
 from neuroncc.codegen.targets import Target
-from neuroncc.errors import SimulationError
+from neuroncc.errors import RaceError, SimulationError
 from neuroncc.runtime.memory import Memories
 from neuroncc.runtime.races import RaceChecker
-from neuroncc.runtime.semantics import SEMANTICS
+from neuroncc.runtime.semantics import PREPARE
 
 
 def run(
@@ -35,12 +40,24 @@ def run(
                 f"got {x.dtype}{list(x.shape)}"
             )
         mem.write_buffer(loc.buffer, x)
-    races = RaceChecker(exe.buffers) if check_races else None
-    for i, ins in enumerate(exe.instructions):
-        if races is not None:
-            races.check(i, ins)
-        try:
-            SEMANTICS[ins.opcode](mem, ins, target)
-        except SimulationError as e:
-            raise SimulationError(f"instruction {i} ({ins.opcode} on {ins.engine}): {e}") from None
+    steps, i = mem.kept.steps, 0
+    try:
+        if steps is None or check_races:
+            races = RaceChecker(exe.buffers) if check_races else None
+            steps = []
+            for i, ins in enumerate(exe.instructions):
+                if races is not None:
+                    races.check(i, ins)
+                step = PREPARE[ins.opcode](mem, ins, target)
+                step()
+                steps.append(step)
+            mem.kept.steps = steps
+        else:
+            for i, step in enumerate(steps):
+                step()
+    except RaceError:
+        raise
+    except SimulationError as e:
+        ins = exe.instructions[i]
+        raise SimulationError(f"instruction {i} ({ins.opcode} on {ins.engine}): {e}") from None
     return [mem.read_buffer(loc.buffer, loc.shape) for loc in exe.outputs]

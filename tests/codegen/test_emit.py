@@ -143,7 +143,7 @@ def test_the_next_matmuls_weights_load_while_the_last_one_runs():
     g = _decode_chain(1, [512, 4096, 512], DType.F32)
     rng = np.random.default_rng(0)  # inputs of their own: the shared RNG's depend on test order
     inputs = [rng.standard_normal(v.type.shape).astype(np.float32) for v in g.inputs]
-    exe = check(g, inputs, atol=1e-3)
+    exe = check(g, inputs, atol=1e-5 * math.sqrt(512 * 4096))  # the bound above explains
     sched, _ = schedule(exe, TRN2)
     first, second = [k for k in exe.kernels if k.name.startswith("fused") or "matmul" in k.name]
     loads = [

@@ -73,6 +73,32 @@ def test_kept_views_follow_each_program_and_its_inputs():
         np.testing.assert_allclose(y, fn(x), rtol=1e-6)
 
 
+def test_unchecked_runs_run_the_kept_steps(monkeypatch):
+    """A run without the race checker runs the steps its executable's last run prepared
+    (simulator.py), on that run's inputs; a checked run prepares them again."""
+    from neuroncc.runtime import semantics
+
+    exe = _io_program(
+        lambda t, t2, s, d: [
+            isa.Dma("q0", dst=t, src=s),
+            isa.Activation("act", func="exp", dst=t2, src=t, scale=2.0, deps=(0,)),
+            isa.TensorTensor("dve", op="mul", dst=t2, a=t2, b=t, deps=(1,)),
+            isa.Dma("q1", dst=d, src=t2, deps=(2,)),
+        ]
+    )
+    prepared = []
+    for opcode, prepare in list(semantics.PREPARE.items()):
+        monkeypatch.setitem(
+            semantics.PREPARE, opcode, lambda m, i, t, p=prepare: prepared.append(i) or p(m, i, t)
+        )
+    rng = np.random.default_rng(0)
+    for checked in (True, False, False, True):
+        x = rng.standard_normal((4, 8), dtype=np.float32)
+        (y,) = run(exe, [x], TRN2, check_races=checked)
+        np.testing.assert_allclose(y, np.exp(2 * x) * x, rtol=1e-6)
+    assert len(prepared) == 2 * len(exe.instructions)
+
+
 def test_missing_read_after_write_dependency_is_a_race():
     exe = _io_program(
         lambda t, t2, s, d: [
