@@ -29,13 +29,13 @@ ROW_PAD = 5 * 64
 KEPT_EXECUTABLES = 8
 
 
-def _on_chip(shape: tuple[int, int]) -> np.ndarray:
+def _on_chip(shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """This thread's array of that shape, and the padded array it is a view of."""
     arrays = _ON_CHIP.__dict__.setdefault("arrays", {})
     if shape not in arrays:
         arrays[shape] = np.empty((shape[0], shape[1] + ROW_PAD), np.uint8)
     a = arrays[shape]
-    a.fill(0xFF)
-    return a[:, : shape[1]]
+    return a[:, : shape[1]], a
 
 
 @dataclass
@@ -63,19 +63,30 @@ def _kept(exe: Executable, arrays: tuple[np.ndarray, ...]) -> Kept:
     return kept
 
 
-def _hbm(nbytes: int) -> np.ndarray:
-    """Zeroed HBM bytes, from this thread's one HBM array (grown when a program needs more,
-    up to KEPT_HBM_BYTES): a fresh np.zeros pays a page fault per 4 KiB the program touches,
-    every run."""
+# Executables a checked run proved to read only bytes they write (written.py), by id (each
+# held, so its id stays its own), oldest first: their runs need no reset of the memories.
+_PROVEN: dict[int, Executable] = {}
+PROVEN_EXECUTABLES = 256
+
+
+def prove_reads_only_written(exe: Executable) -> None:
+    _PROVEN.pop(id(exe), None)
+    _PROVEN[id(exe)] = exe
+    while len(_PROVEN) > PROVEN_EXECUTABLES:
+        del _PROVEN[next(iter(_PROVEN))]
+
+
+def _hbm(nbytes: int) -> tuple[np.ndarray, bool]:
+    """HBM bytes from this thread's one HBM array (grown when a program needs more, up to
+    KEPT_HBM_BYTES): a fresh np.zeros pays a page fault per 4 KiB the program touches, every
+    run. And whether they are fresh zeros, not that array."""
     if nbytes > KEPT_HBM_BYTES:  # not worth holding on to: the run dwarfs its page faults
-        return np.zeros(nbytes, np.uint8)
+        return np.zeros(nbytes, np.uint8), True
     a = getattr(_ON_CHIP, "hbm", None)
     if a is None or a.size < nbytes:
         _ON_CHIP.__dict__.get("kept", {}).clear()  # their views hold the old array
         a = _ON_CHIP.hbm = np.empty(nbytes, np.uint8)
-    a = a[:nbytes]
-    a.fill(0)
-    return a
+    return a[:nbytes], False
 
 
 class Memories:
@@ -84,17 +95,22 @@ class Memories:
         # Checks of what the program computes, not of its inputs (a transpose's identity):
         # made on an executable's first run, when the race checker runs too.
         self.checked = checked
-        self.hbm = _hbm(max(exe.hbm_bytes, 1))
-        # Fresh on-chip memory holds garbage on the device; NaN-like bytes make reads of
-        # never-written tiles visible in results instead of silently reading zeros. One
-        # simulation at a time per thread uses them.
-        self.sbuf = _on_chip((target.partitions, target.sbuf_partition_bytes))
-        self.psum = _on_chip((target.partitions, target.psum_partition_bytes))
+        self.hbm, fresh = _hbm(max(exe.hbm_bytes, 1))
+        self.sbuf, sbuf_rows = _on_chip((target.partitions, target.sbuf_partition_bytes))
+        self.psum, psum_rows = _on_chip((target.partitions, target.psum_partition_bytes))
         self._buffers = {b.name: b for b in exe.buffers}
         self._tiles: dict[isa.TileRef, np.ndarray] = {}
-        kept = self.hbm.size <= KEPT_HBM_BYTES  # else a fresh HBM array: views die with it
-        self.kept = _kept(exe, (self.hbm, self.sbuf, self.psum)) if kept else Kept(exe)
+        # Else a fresh HBM array: views die with it.
+        self.kept = Kept(exe) if fresh else _kept(exe, (self.hbm, self.sbuf, self.psum))
         self._views = self.kept.views
+        if checked or _PROVEN.get(id(exe)) is not exe:
+            # HBM starts zeroed. On-chip memory holds garbage on the device; NaN-like bytes
+            # make reads of never-written tiles visible in results instead of silently
+            # reading zeros. One simulation at a time per thread uses these arrays.
+            if not fresh:
+                self.hbm.fill(0)
+            sbuf_rows.fill(0xFF)
+            psum_rows.fill(0xFF)
 
     def tile(self, ref: isa.TileRef) -> np.ndarray:
         """The numpy view of a tile, checked once per distinct TileRef (a program names the

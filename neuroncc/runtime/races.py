@@ -53,7 +53,7 @@ class _Region:
         )
 
 
-def _region(ref: isa.Operand, offsets: dict[str, int]) -> tuple[str, _Region]:
+def region(ref: isa.Operand, offsets: dict[str, int]) -> tuple[str, _Region]:
     """On-chip rectangles; HBM by byte address (the plan pass lets temporaries share bytes)."""
     if isinstance(ref, isa.TileRef):
         return ref.mem, _Region(ref.p0, ref.p0 + ref.np, ref.offset, ref.offset + ref.free_bytes)
@@ -126,7 +126,7 @@ class RaceChecker:
         self._opcodes.append(f"{ins.opcode}@{ins.engine}")
         accesses = [(r, False) for r in ins.reads()] + [(w, True) for w in ins.writes()]
         for ref, write in accesses:
-            mem, reg = _region(ref, self._offsets)
+            mem, reg = region(ref, self._offsets)
             live = self._live.get(mem)
             candidates = live.overlapping(reg.lo, reg.hi) if live is not None else ()
             for acc in candidates:
@@ -138,7 +138,7 @@ class RaceChecker:
                         f"{'writes' if acc.write else 'reads'} it, with no dependency between them"
                     )
         for ref, write in accesses:
-            mem, reg = _region(ref, self._offsets)
+            mem, reg = region(ref, self._offsets)
             live = self._live.setdefault(mem, IntervalIndex())
             if write:
                 live.remove_where(reg.lo, reg.hi, lambda a, reg=reg: reg.covers(a.region))

@@ -175,9 +175,10 @@ def prepare_matmul(m: Memories, ins: isa.Matmul, t: Target) -> Step:
 
         return transpose
     a, b, out_t = _as_f32_tensor(a_view), _as_f32_tensor(b_view), torch.from_numpy(out)
-    if ins.accumulate:
-        return lambda: out_t.addmm_(a().T, b())
-    return lambda: torch.mm(a().T, b(), out=out_t)
+    # beta=0 ignores what PSUM held (NaN included); torch.mm(out=) on a strided view is up to
+    # twice as slow.
+    beta = 1 if ins.accumulate else 0
+    return lambda: out_t.addmm_(a().T, b(), beta=beta)
 
 
 @functools.cache

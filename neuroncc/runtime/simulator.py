@@ -9,6 +9,8 @@ interpreter.
 A run prepares each instruction's step (semantics.py: checks and operand views) and runs it.
 The steps are kept with the memories (memory.Kept), and a run without the race checker runs
 the kept steps of its executable's last run: what is left of an instruction is its arithmetic.
+A checked run also proves whether the program reads only bytes it wrote (written.py); the
+later runs of one that does skip resetting the memories.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import numpy as np
 from neuroncc.codegen.program import Executable
 from neuroncc.codegen.targets import Target
 from neuroncc.errors import RaceError, SimulationError
-from neuroncc.runtime.memory import Memories
+from neuroncc.runtime.memory import Memories, prove_reads_only_written
 from neuroncc.runtime.races import RaceChecker
 from neuroncc.runtime.semantics import PREPARE
+from neuroncc.runtime.written import WrittenBytes
 
 
 def run(
@@ -44,14 +47,18 @@ def run(
     try:
         if steps is None or check_races:
             races = RaceChecker(exe.buffers) if check_races else None
+            written = WrittenBytes(mem) if check_races else None
             steps = []
             for i, ins in enumerate(exe.instructions):
                 if races is not None:
                     races.check(i, ins)
+                    written.record(ins)
                 step = PREPARE[ins.opcode](mem, ins, target)
                 step()
                 steps.append(step)
             mem.kept.steps = steps
+            if written is not None and written.outputs_read(exe):
+                prove_reads_only_written(exe)
         else:
             for i, step in enumerate(steps):
                 step()

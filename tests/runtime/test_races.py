@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from neuroncc.codegen import isa
 from neuroncc.ir.types import DType
-from neuroncc.runtime.races import _increasing, _region
+from neuroncc.runtime.races import _increasing, region
 
 dims_strategy = st.lists(
     st.tuples(st.integers(-40, 300), st.integers(1, 6)), min_size=1, max_size=4
@@ -19,9 +19,9 @@ def test_regions_hold_exactly_the_elements_a_pattern_visits(dims, offset):
     offs = np.array([offset + 2000], dtype=np.int64)
     for stride, count in dims:
         offs = (offs[:, None] + stride * np.arange(count)[None, :]).reshape(-1)
-    _, region = _region(ref, {"b": 64})  # buffer b at HBM byte 64, 4-byte elements
+    _, reg = region(ref, {"b": 64})  # buffer b at HBM byte 64, 4-byte elements
     want = 64 + 4 * np.unique(offs)
-    got = np.arange(region.lo, region.hi, 4) if region.idx is None else region.idx
+    got = np.arange(reg.lo, reg.hi, 4) if reg.idx is None else reg.idx
     np.testing.assert_array_equal(got, want)  # sorted, unique, complete
     if _increasing(dims):
         assert np.all(np.diff(offs) > 0)

@@ -1,5 +1,7 @@
 """The simulator as a verifier: races, bounds and capacities are errors (timing: test_timing.py)."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -9,7 +11,9 @@ from neuroncc.codegen.program import Executable, ValueLoc
 from neuroncc.codegen.targets import TRN2
 from neuroncc.errors import CodegenError, RaceError, SimulationError
 from neuroncc.ir.types import DType
+from neuroncc.runtime.memory import Memories
 from neuroncc.runtime.simulator import run
+from neuroncc.runtime.written import WrittenBytes
 
 F32 = DType.F32
 
@@ -97,6 +101,71 @@ def test_unchecked_runs_run_the_kept_steps(monkeypatch):
         (y,) = run(exe, [x], TRN2, check_races=checked)
         np.testing.assert_allclose(y, np.exp(2 * x) * x, rtol=1e-6)
     assert len(prepared) == 2 * len(exe.instructions)
+
+
+def _proof(exe) -> bool:
+    """Whether written.py proves that exe reads only bytes it wrote (outputs included)."""
+    written = WrittenBytes(Memories(exe, TRN2))
+    for ins in exe.instructions:
+        written.record(ins)
+    return written.outputs_read(exe)
+
+
+def test_the_proof_of_reads_only_written():
+    rows = isa.TileRef("sbuf", 0, 4, 4096, DType.I32, (1,))  # a row index per partition
+
+    def full(t, t2, s, d):  # the input through SBUF to the output
+        return [isa.Dma("q0", dst=t, src=s), isa.Dma("q1", dst=d, src=t, deps=(0,))]
+
+    def unwritten_tile(t, t2, s, d):
+        return [isa.Dma("q1", dst=d, src=t2)]
+
+    def half_output(t, t2, s, d):
+        half = replace(d, dims=((8, 2), (1, 8)))
+        return [isa.Dma("q0", dst=t, src=s), isa.Dma("q1", dst=half, src=t.rows(2), deps=(0,))]
+
+    def scatter(first_write_the_table):
+        def make(t, t2, s, d):
+            table = replace(d, dims=((8, 4), (1, 8)))
+            pre = [isa.Dma("q2", dst=table, src=t2)] if first_write_the_table else []
+            return [
+                isa.Memset("pool", dst=t2, value=0.0),
+                *pre,
+                isa.Iota("pool", dst=rows, base=0.0, pstep=2.0, fstep=0.0),  # rows 0 and 2
+                isa.Dma("q0", dst=t, src=s),
+                isa.DmaScatter(
+                    "q1",
+                    table=table,
+                    src=t.rows(2),
+                    index=rows.rows(2),
+                    combine="set",
+                    deps=(0, 1, 2, 3)[: 3 + first_write_the_table],
+                ),
+            ]
+
+        return make
+
+    assert _proof(_io_program(full))
+    assert not _proof(_io_program(unwritten_tile))
+    assert not _proof(_io_program(half_output))
+    # A scatter writes only the rows it names: the others must have been written before.
+    assert not _proof(_io_program(scatter(False)))
+    assert _proof(_io_program(scatter(True)))
+
+
+def test_a_program_that_reads_unwritten_bytes_gets_fresh_memories_every_run():
+    """Runs of a program the proof fails for still start from reset memories, whatever the
+    thread's last program left in them; those of one it holds for need no reset."""
+    reads_garbage = _io_program(lambda t, t2, s, d: [isa.Dma("q1", dst=d, src=t2)])
+    fills = _io_program(
+        lambda t, t2, s, d: [isa.Dma("q0", dst=t2, src=s), isa.Dma("q1", dst=d, src=t2, deps=(0,))]
+    )
+    x = np.ones((4, 8), np.float32)
+    for checked in (True, False, False):
+        (y,) = run(reads_garbage, [x], TRN2, check_races=checked)
+        assert np.isnan(y).all()  # the NaN-like bytes of fresh SBUF
+        (z,) = run(fills, [x], TRN2, check_races=checked)  # leaves ones in that tile
+        np.testing.assert_array_equal(z, x)
 
 
 def test_missing_read_after_write_dependency_is_a_race():
