@@ -131,6 +131,7 @@ def _quiet(fn):
             return fn(*args)
 
     wrapped.__name__ = fn.__name__
+    wrapped.raw = fn  # for callers that silence warnings themselves (the simulator's steps)
     return wrapped
 
 

@@ -1,14 +1,7 @@
-"""What each instruction does to memory, computed on the tiles it names.
+"""What each instruction does to memory, computed with numpy on the tiles it names.
 
 Engines compute in fp32 (integers in int64, predicates as bool) and round to the destination
-dtype; TensorE multiplies into fp32 PSUM. Numpy computes everything but two things, where
-torch's CPU kernels, run on the same bytes (zero-copy views), are faster by as much as the rest
-of a step costs (GPT-2 block at 512, 2 cores):
-- TensorE's products: numpy's OpenBLAS takes 87-118 us per 128x128 by 128x512 tile,
-  torch 58-61 (77.6 ms against 52.5 for the block's 1056 matmuls);
-- VectorE's fp32 add, sub, mul and div: IEEE-exact in both, so the same bits
-  (tests/runtime/test_semantics.py), twice as fast.
-Neither is the graph's ATen op: each multiplies or adds the one tile its instruction names.
+dtype; TensorE multiplies into fp32 PSUM.
 
 Each opcode has a `prepare` function: it checks the rules its instruction must obey (tile
 limits, memory kinds, shapes) and raises SimulationError otherwise, binds the operands to views
@@ -17,15 +10,16 @@ checks and the views cost more than most steps' arithmetic, and a program names 
 in every run, so the simulator keeps an executable's steps from run to run (memory.Kept).
 A prepare function may read memory (the identity of a transpose) only when the memories are
 `checked`: in that run each step is prepared right after the one before it has run.
+Steps run with numpy's floating-point warnings off (simulator.run): IEEE results, no warnings.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 
 import numpy as np
-import torch
 
 from neuroncc.codegen import isa
 from neuroncc.codegen.targets import Target
@@ -58,31 +52,22 @@ def _as_f32(a: np.ndarray) -> Callable[[], np.ndarray]:
     return lambda: a.astype(np.float32)
 
 
-def _as_f32_tensor(a: np.ndarray) -> Callable[[], torch.Tensor]:
-    """_as_f32 as a torch tensor on the same bytes."""
-    if a.dtype == np.float32:
-        t = torch.from_numpy(a)
-        return lambda: t
-    return lambda: torch.from_numpy(a.astype(np.float32))
+def _scratch(shape: tuple[int, ...]) -> np.ndarray:
+    """This thread's fp32 scratch array of that shape: steps run one at a time per thread, and
+    a fresh temporary of a PSUM bank's size costs page faults on every call."""
+    arrays = _SCRATCH.__dict__.setdefault("arrays", {})
+    if shape not in arrays:
+        arrays[shape] = np.empty(shape, np.float32)
+    return arrays[shape]
+
+
+_SCRATCH = threading.local()
 
 
 def _same_shape(ins: isa.Instr, *refs: isa.TileRef) -> None:
     shapes = {r.shape for r in refs}
     if len(shapes) != 1:
         raise SimulationError(f"{ins.opcode}: operand shapes differ: {sorted(shapes)}")
-
-
-def _partly_overlap(x: isa.TileRef, y: isa.TileRef) -> bool:
-    """Whether x and y share bytes without being the same tile (an elementwise kernel that
-    writes its input in place is fine; one whose output overlaps its input shifted is not)."""
-    if x.mem != y.mem or x == y:
-        return False
-    return (
-        x.p0 < y.p0 + y.np
-        and y.p0 < x.p0 + x.np
-        and x.offset < y.offset + y.free_bytes
-        and y.offset < x.offset + x.free_bytes
-    )
 
 
 def prepare_dma(m: Memories, ins: isa.Dma, t: Target) -> Step:
@@ -174,11 +159,15 @@ def prepare_matmul(m: Memories, ins: isa.Matmul, t: Target) -> Step:
             out[...] = np.ascontiguousarray(a()).T  # 4x faster than one copy of strided views
 
         return transpose
-    a, b, out_t = _as_f32_tensor(a_view), _as_f32_tensor(b_view), torch.from_numpy(out)
-    # beta=0 ignores what PSUM held (NaN included); torch.mm(out=) on a strided view is up to
-    # twice as slow.
-    beta = 1 if ins.accumulate else 0
-    return lambda: out_t.addmm_(a().T, b(), beta=beta)
+    a, b = _as_f32(a_view), _as_f32(b_view)
+    if not ins.accumulate:
+        return lambda: np.matmul(a().T, b(), out=out)
+    product = _scratch(out.shape)
+
+    def accumulate() -> None:
+        np.add(out, np.matmul(a().T, b(), out=product), out=out)
+
+    return accumulate
 
 
 @functools.cache
@@ -258,35 +247,27 @@ def _operand(m: Memories, ref: isa.TileRef, dst: isa.TileRef) -> np.ndarray:
     return x.reshape(dst.np, 1) if ref.shape != dst.shape else x.reshape(dst.np, -1)
 
 
-# The VectorE ops torch computes to the same bits as numpy does (see the module docstring).
-# Not max and min: of -0.0 and 0.0, torch and numpy pick different ones.
-TORCH_BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div}
-
-
-def _torch_binary(m: Memories, ins: isa.TensorTensor) -> Step | None:
-    """The step of an fp32 tensor_tensor that torch computes, or None if numpy must: another
-    op or dtype, or an output that overlaps an input without being it."""
-    fn = TORCH_BINARY.get(ins.op)
-    refs = (ins.dst, ins.a, ins.b)
-    if fn is None or any(r.dtype.value != "f32" for r in refs):
+def _in_place(m: Memories, ins: isa.Instr, dst: isa.TileRef, *srcs: isa.TileRef):
+    """ins's ufunc and dst's 2-d view, if the ufunc can write dst directly (out=): the same
+    function as numerics' definition, one pass less (numpy buffers an out= that overlaps an
+    input). None if the op is no ufunc from fp32 to fp32, or a dtype is not fp32."""
+    fn = getattr(numerics.BINARY[ins.op], "raw", None)
+    if not isinstance(fn, np.ufunc) or "ff->f" not in fn.types:
         return None
-    if ins.a.shape != ins.dst.shape and ins.b.shape != ins.dst.shape:
-        return None  # two per-partition scalars: torch would not broadcast them to dst
-    if _partly_overlap(ins.dst, ins.a) or _partly_overlap(ins.dst, ins.b):
+    if any(r.dtype.value != "f32" for r in (dst, *srcs)):
         return None
-    a, b = (torch.from_numpy(_operand(m, r, ins.dst)) for r in (ins.a, ins.b))
-    out = torch.from_numpy(m.tile(ins.dst).reshape(ins.dst.np, -1))
-    return lambda: fn(a, b, out=out)
+    return fn, m.tile(dst).reshape(dst.np, -1)
 
 
 def prepare_tensor_tensor(m: Memories, ins: isa.TensorTensor, t: Target) -> Step:
     _operands_fit(ins, ins.dst, ins.a, ins.b)
     _check_binary(ins.op)
-    fast = _torch_binary(m, ins)
-    if fast is not None:
-        return fast
     a, b, dst = _operand(m, ins.a, ins.dst), _operand(m, ins.b, ins.dst), m.tile(ins.dst)
     shape = (ins.dst.np, ins.dst.free_elems)
+    direct = _in_place(m, ins, ins.dst, ins.a, ins.b)
+    if direct is not None:
+        fn, out = direct
+        return lambda: fn(a, b, out=out)  # out's shape broadcasts [p, 1] sources
 
     def step() -> None:
         _store(dst, np.broadcast_to(_binary(ins.op, *_promote(a, b)), shape))
@@ -301,6 +282,11 @@ def prepare_tensor_scalar(m: Memories, ins: isa.TensorScalar, t: Target) -> Step
     kind = _compute_dtype(src.dtype)
     scalar = np.asarray(ins.scalar, dtype=np.float32 if kind.kind == "f" else np.float64)
     scalar = scalar.astype(np.float32 if kind == np.bool_ else kind)  # bools compute in fp32
+    direct = _in_place(m, ins, ins.dst, ins.src)
+    if direct is not None:
+        fn, out = direct
+        flat = src.reshape(ins.dst.np, -1)
+        return lambda: fn(flat, scalar, out=out)
 
     def step() -> None:
         a = _compute(src)

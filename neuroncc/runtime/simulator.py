@@ -21,7 +21,7 @@ import numpy as np
 
 from neuroncc.codegen.program import Executable
 from neuroncc.codegen.targets import Target
-from neuroncc.errors import RaceError, SimulationError
+from neuroncc.errors import SimulationError
 from neuroncc.runtime.memory import Memories, prove_reads_only_written
 from neuroncc.runtime.races import RaceChecker
 from neuroncc.runtime.semantics import PREPARE
@@ -43,28 +43,41 @@ def run(
                 f"got {x.dtype}{list(x.shape)}"
             )
         mem.write_buffer(loc.buffer, x)
-    steps, i = mem.kept.steps, 0
-    try:
-        if steps is None or check_races:
-            races = RaceChecker(exe.buffers) if check_races else None
-            written = WrittenBytes(mem) if check_races else None
-            steps = []
-            for i, ins in enumerate(exe.instructions):
-                if races is not None:
-                    races.check(i, ins)
-                    written.record(ins)
-                step = PREPARE[ins.opcode](mem, ins, target)
-                step()
-                steps.append(step)
-            mem.kept.steps = steps
-            if written is not None and written.outputs_read(exe):
-                prove_reads_only_written(exe)
+    with np.errstate(all="ignore"):  # IEEE results (inf, nan), as the engines give them
+        if mem.kept.steps is None or check_races:
+            mem.kept.steps = _prepare_and_run(exe, mem, target, check_races)
         else:
-            for i, step in enumerate(steps):
-                step()
-    except RaceError:
-        raise
-    except SimulationError as e:
-        ins = exe.instructions[i]
-        raise SimulationError(f"instruction {i} ({ins.opcode} on {ins.engine}): {e}") from None
+            i = 0
+            try:
+                for i, step in enumerate(mem.kept.steps):
+                    step()
+            except SimulationError as e:
+                raise _at(exe, i, e) from None
     return [mem.read_buffer(loc.buffer, loc.shape) for loc in exe.outputs]
+
+
+def _prepare_and_run(exe: Executable, mem: Memories, target: Target, check_races: bool) -> list:
+    """Prepares and runs each instruction's step, with the checks of a checked run; returns the
+    steps."""
+    races = RaceChecker(exe.buffers) if check_races else None
+    written = WrittenBytes(mem) if check_races else None
+    steps = []
+    for i, ins in enumerate(exe.instructions):
+        if races is not None:
+            races.check(i, ins)
+        try:
+            if written is not None:
+                written.record(ins)
+            step = PREPARE[ins.opcode](mem, ins, target)
+            step()
+        except SimulationError as e:
+            raise _at(exe, i, e) from None
+        steps.append(step)
+    if written is not None and written.outputs_read(exe):
+        prove_reads_only_written(exe)
+    return steps
+
+
+def _at(exe: Executable, i: int, e: SimulationError) -> SimulationError:
+    ins = exe.instructions[i]
+    return SimulationError(f"instruction {i} ({ins.opcode} on {ins.engine}): {e}")
