@@ -8,6 +8,7 @@ the same storage: aliasing, capacity and out-of-bounds behave as on the device.
 from __future__ import annotations
 
 import threading
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -63,17 +64,21 @@ def _kept(exe: Executable, arrays: tuple[np.ndarray, ...]) -> Kept:
     return kept
 
 
-# Executables a checked run proved to read only bytes they write (written.py), by id (each
-# held, so its id stays its own), oldest first: their runs need no reset of the memories.
-_PROVEN: dict[int, Executable] = {}
-PROVEN_EXECUTABLES = 256
+# Executables a checked run proved to read only bytes they write (written.py), by id, each
+# through a weak reference (an id outlives its object): their runs need no memory reset.
+_PROVEN: dict[int, weakref.ref] = {}
 
 
 def prove_reads_only_written(exe: Executable) -> None:
-    _PROVEN.pop(id(exe), None)
-    _PROVEN[id(exe)] = exe
-    while len(_PROVEN) > PROVEN_EXECUTABLES:
-        del _PROVEN[next(iter(_PROVEN))]
+    if len(_PROVEN) >= 1024:  # forget the dead
+        for key in [k for k, ref in _PROVEN.items() if ref() is None]:
+            del _PROVEN[key]
+    _PROVEN[id(exe)] = weakref.ref(exe)
+
+
+def _proven(exe: Executable) -> bool:
+    ref = _PROVEN.get(id(exe))
+    return ref is not None and ref() is exe
 
 
 def _hbm(nbytes: int) -> tuple[np.ndarray, bool]:
@@ -103,7 +108,7 @@ class Memories:
         # Else a fresh HBM array: views die with it.
         self.kept = Kept(exe) if fresh else _kept(exe, (self.hbm, self.sbuf, self.psum))
         self._views = self.kept.views
-        if checked or _PROVEN.get(id(exe)) is not exe:
+        if checked or not _proven(exe):
             # HBM starts zeroed. On-chip memory holds garbage on the device; NaN-like bytes
             # make reads of never-written tiles visible in results instead of silently
             # reading zeros. One simulation at a time per thread uses these arrays.
