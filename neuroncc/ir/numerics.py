@@ -20,8 +20,9 @@ _ERF_TAYLOR = tuple((-1) ** n / (math.factorial(n) * (2 * n + 1)) for n in range
 
 def _horner(x2: np.ndarray, coeffs) -> np.ndarray:
     """sum_i coeffs[i] x2^i by Horner's rule, in x2's dtype."""
-    poly = np.full_like(x2, coeffs[-1])
-    for c in reversed(coeffs[:-1]):
+    poly = x2 * x2.dtype.type(coeffs[-1])
+    poly += coeffs[-2]
+    for c in reversed(coeffs[:-2]):
         poly *= x2
         poly += c
     return poly
@@ -113,7 +114,12 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def gelu(x: np.ndarray) -> np.ndarray:
-    return (0.5 * x * (1.0 + erf(x / np.float32(math.sqrt(2.0))))).astype(np.float32)
+    """0.5 x (1 + erf(x / sqrt 2)), in that order, in place where it can be."""
+    half = (0.5 * x).astype(np.float32, copy=False)
+    out = erf(x / np.float32(math.sqrt(2.0)))
+    out += np.float32(1.0)
+    out *= half
+    return out
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:

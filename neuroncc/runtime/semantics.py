@@ -208,7 +208,7 @@ def prepare_activation_reduce(m: Memories, ins: isa.ActivationReduce, t: Target)
         with np.errstate(invalid="ignore"):  # -inf - -inf in a fully masked row: nan, as IEEE
             x = x + bias.astype(np.float32)
         _store(dst, fn(x))
-        _store(acc, dst.astype(np.float32).reshape(p, -1).sum(axis=1, keepdims=True))
+        _store(acc, dst.astype(np.float32, copy=False).reshape(p, -1).sum(axis=1, keepdims=True))
 
     return step
 
