@@ -3,8 +3,7 @@
 `run` binds the inputs into HBM, executes every instruction's semantics in program order (a
 valid order: deps only point backwards and each engine's stream is in order), checks every
 cross-engine hazard against the declared dependencies, and reads the outputs back from HBM.
-Results come only from executing instructions, never from the graph's ATen ops or the IR
-interpreter.
+Results come only from executing instructions; nothing here calls PyTorch or the IR interpreter.
 
 A run prepares each instruction's step (semantics.py: checks and operand views) and runs it.
 The steps are kept with the memories (memory.Kept), and a run without the race checker runs
