@@ -7,10 +7,11 @@ the rules again (`_Emitter.add`), so every node reaches a fixed point.
 Invariant established: no identity reshape/transpose/broadcast/cast/slice, no chains of
 reshapes or transposes, no reshape/broadcast/transpose of a constant, no two nodes computing
 the same op on the same inputs, no dead nodes. Plus two algebraic rules for patterns the SDPA
-decomposition makes (`_any_not_neg_inf`, `_scale_after_matmul`), column sums as matmuls (`_column_sum`),
-two for the causal mask (`_logical_unit`, `_compare_difference`), unit dims dropped
-before a transpose rather than after it (`_unit_dims_first`), and a product read in slices
-along its last axis split into a matmul per slice (`_slice_of_matmul`, `_slice_of_transpose`).
+decomposition makes (`_any_not_neg_inf`, `_scale_after_matmul`), column sums as matmuls
+(`_column_sum`), squares as products (`_square`), two for the causal mask (`_logical_unit`,
+`_compare_difference`), unit dims dropped before a transpose rather than after it
+(`_unit_dims_first`), and a product read in slices along its last axis split into a matmul per
+slice (`_slice_of_matmul`, `_slice_of_transpose`).
 """
 
 from __future__ import annotations
@@ -255,6 +256,18 @@ def _any_not_neg_inf(n: Node, em: _Emitter) -> Value | None:
     return em.add(Op.CAST, (unmasked,), {"dtype": n.out.type.dtype})
 
 
+def _square(n: Node, em: _Emitter) -> Value | None:
+    """x ** 2 -> x * x for float x, as PyTorch's own pow kernel computes it: one multiply, no
+    tile of 2s to read (VectorE's pow is a general power per element). An RMSNorm's
+    x.pow(2).mean(-1) is the common case."""
+    if n.op != Op.POW or not n.out.type.dtype.is_float:
+        return None
+    x, exponent = n.inputs
+    if _full_value(em, exponent) != 2.0 or x.type != n.out.type:
+        return None
+    return em.add(Op.MUL, (x, x), {})
+
+
 def _scaled(em: _Emitter, v: Value) -> tuple[Value, float] | None:
     """v = x * c for a constant c (under at most one reshape): (x shaped like v, c)."""
     node = em.producers.get(v.id)
@@ -399,6 +412,7 @@ simplify_rules: list[Rule] = [
     _unit_dims_first,
     _slice_of_matmul,
     _slice_of_transpose,
+    _square,
 ]
 
 

@@ -1,4 +1,5 @@
 import numpy as np
+import torch
 from hypothesis import given
 
 from neuroncc.codegen.targets import TRN2
@@ -125,6 +126,41 @@ def test_constant_scales_move_after_the_matmul():
     assert print_graph(after) == SCALED_MATMUL_AFTER
     inputs = [random_input(v.type) for v in g.inputs]
     np.testing.assert_allclose(interpret(after, inputs)[0], interpret(g, inputs)[0], rtol=1e-6)
+
+
+SQUARES = """graph @main(%0: f32[4,8], %1: i64[4,8]) {
+  %2 = full {shape=[4,8], value=2.0, dtype=f32} : f32[4,8]
+  %3 = pow %0, %2 : f32[4,8]
+  %4 = full {shape=[4,8], value=3.0, dtype=f32} : f32[4,8]
+  %5 = pow %0, %4 : f32[4,8]
+  %6 = full {shape=[4,8], value=2, dtype=i64} : i64[4,8]
+  %7 = pow %1, %6 : i64[4,8]
+  return %3, %5, %7
+}
+"""
+
+SQUARES_AFTER = """graph @main(%0: f32[4,8], %1: i64[4,8]) {
+  %8 = mul %0, %0 : f32[4,8]
+  %4 = full {shape=[4,8], value=3.0, dtype=f32} : f32[4,8]
+  %5 = pow %0, %4 : f32[4,8]
+  %6 = full {shape=[4,8], value=2, dtype=i64} : i64[4,8]
+  %7 = pow %1, %6 : i64[4,8]
+  return %8, %5, %7
+}
+"""
+
+
+def test_float_squares_are_products():
+    """x ** 2 -> x * x for floats (PyTorch's pow kernel does the same); other exponents and
+    integer powers stay."""
+    g = parse(SQUARES)
+    after = Simplify().run(g, CTX)
+    assert print_graph(after) == SQUARES_AFTER
+    x = np.array([[0.0, -0.0, 1.5, -3.0, np.inf, -np.inf, np.nan, 1e-30]] * 4, np.float32)
+    n = np.arange(32).reshape(4, 8) - 16
+    want = torch.from_numpy(x).pow(2).numpy()
+    np.testing.assert_array_equal(interpret(after, [x, n])[0], want)
+    np.testing.assert_array_equal(interpret(after, [x, n])[2], interpret(g, [x, n])[2])
 
 
 COLUMN_SUM = """graph @main(%0: f32[4,6,8]) {
