@@ -52,6 +52,9 @@ def _as_f32(a: np.ndarray) -> Callable[[], np.ndarray]:
     return lambda: a.astype(np.float32)
 
 
+_SCRATCH = threading.local()
+
+
 def _scratch(shape: tuple[int, ...]) -> np.ndarray:
     """This thread's fp32 scratch array of that shape: steps run one at a time per thread, and
     a fresh temporary of a PSUM bank's size costs page faults on every call."""
@@ -59,9 +62,6 @@ def _scratch(shape: tuple[int, ...]) -> np.ndarray:
     if shape not in arrays:
         arrays[shape] = np.empty(shape, np.float32)
     return arrays[shape]
-
-
-_SCRATCH = threading.local()
 
 
 def _same_shape(ins: isa.Instr, *refs: isa.TileRef) -> None:
@@ -204,9 +204,8 @@ def prepare_activation_reduce(m: Memories, ins: isa.ActivationReduce, t: Target)
     dst, acc = m.tile(ins.dst), m.tile(ins.acc)
 
     def step() -> None:
-        x = src.astype(np.float32, copy=False)
-        with np.errstate(invalid="ignore"):  # -inf - -inf in a fully masked row: nan, as IEEE
-            x = x + bias.astype(np.float32)
+        # -inf - -inf in a fully masked row: nan, as IEEE says (run's errstate keeps it quiet).
+        x = src.astype(np.float32, copy=False) + bias.astype(np.float32)
         _store(dst, fn(x))
         _store(acc, dst.astype(np.float32, copy=False).reshape(p, -1).sum(axis=1, keepdims=True))
 
