@@ -208,11 +208,17 @@ def _erfinv_guess(y, tail_q):
 
 
 def _erfinv(y):
-    """calc_erfinv: the rational first guess, then two Newton steps on erf."""
+    """calc_erfinv: the rational first guess, then two Newton steps on erf. For |y| > 0.5
+    the residual erf(x) - y is taken as sign(y) ((1 - |y|) - erfc(|x|)): 1 - |y| is exact
+    there and erfc keeps its relative accuracy, where erf's few ulp of rounding near 1
+    would cost x as many ulp again, times exp(x^2) in the gradient."""
     y_abs = torch.abs(y)
     x = _erfinv_guess(y, (1.0 - y_abs) / 2.0)
+    tail = y_abs > 0.5
     for _ in range(2):
-        x = x - (torch.erf(x) - y) / ((2.0 / math.sqrt(math.pi)) * torch.exp(-x * x))
+        tail_residual = torch.sign(y) * ((1.0 - y_abs) - torch.erfc(torch.abs(x)))
+        residual = torch.where(tail, tail_residual, torch.erf(x) - y)
+        x = x - residual / ((2.0 / math.sqrt(math.pi)) * torch.exp(-x * x))
     x = torch.where(y_abs == 1.0, torch.copysign(torch.full_like(y, math.inf), y), x)
     return torch.where(y_abs > 1.0, torch.full_like(y, math.nan), x)
 

@@ -1,6 +1,8 @@
 """Every lowering against PyTorch eager, through torch.compile(backend="neuron"), forward and
 (where the op is differentiable) backward: gradients come from the compiled backward graph."""
 
+import zlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -504,7 +506,7 @@ def _flat(out):
 @pytest.mark.parametrize("name", list(CASES))
 def test_lowering_matches_eager(name, fresh):
     fn, makers, differentiable = CASES[name]
-    torch.manual_seed(hash(name) % 2**31)
+    torch.manual_seed(zlib.crc32(name.encode()))
     inputs = [m() for m in makers]
     if differentiable:
         inputs = [x.requires_grad_() if x.is_floating_point() else x for x in inputs]
@@ -533,3 +535,15 @@ def test_lowering_matches_eager(name, fresh):
         if w is None:
             continue
         torch.testing.assert_close(h, w, **TOL)
+
+
+def test_erfinv_tail_keeps_the_gradient_accurate(fresh):
+    """Near |y| = 1, erfinv's gradient sqrt(pi)/2 exp(x^2) multiplies any error in x by 2x. The
+    Newton steps' residual comes from erfc there, so x stays within two ulp of the float64 value
+    (erf's few ulp near 1 once gave 1.1e-6 relative error in the gradient, and a flaky
+    gradient check)."""
+    y = torch.cat([torch.linspace(0.5, 0.999, 500), -torch.linspace(0.5, 0.999, 500)])
+    compiled = torch.compile(torch.erfinv, backend="neuron", fullgraph=True, dynamic=False)
+    exact = torch.erfinv(y.double())
+    err = (compiled(y).double() - exact).abs() / exact.abs()
+    assert err.max() <= 2**-22  # two float32 ulp; it was 4.2e-6 with erf in the residual
