@@ -156,8 +156,10 @@ def matmul_flops(ins: isa.Instr) -> int:
 
 
 def matmul_hw_flops(ins: isa.Instr, t: Target) -> int:
-    """FLOPs the array spends: a matmul streams N columns through all 128 x 128 PEs whatever
-    part of the array K and M fill (what HFU counts, beside MFU's useful FLOPs)."""
+    """FLOPs the array spends: a matmul streams N columns through all 128 x 128 PEs (or its
+    row tile's) whatever part of them K and M fill (what HFU counts, beside MFU's useful
+    FLOPs)."""
     if not isinstance(ins, isa.Matmul):
         return 0
-    return 2 * t.pe_rows * t.pe_stationary_fmax * ins.moving.free_elems
+    rows = ins.tile_rows or t.pe_rows
+    return 2 * rows * t.pe_stationary_fmax * ins.moving.free_elems

@@ -61,6 +61,11 @@ class TileRef:
         """The first p partitions of this tile."""
         return replace(self, np=p)
 
+    def partitions(self, start: int, count: int) -> TileRef:
+        """Partitions start .. start + count of this tile."""
+        assert 0 <= start and start + count <= self.np, (start, count, self.np)
+        return replace(self, p0=self.p0 + start, np=count)
+
     def cols(self, start: int, count: int) -> TileRef:
         """A column range of a tile whose free shape is 1-d."""
         assert len(self.free) == 1 and start + count <= self.free[0]
@@ -196,7 +201,9 @@ class Matmul(Instr):
     """TensorE: dst[M,N] (PSUM, fp32) = (dst if accumulate else 0) + stationary[K,M].T @ moving[K,N].
 
     `transpose` marks a matmul against the identity that only transposes its stationary
-    operand: it counts towards HFU, not MFU."""
+    operand: it counts towards HFU, not MFU. `tile_rows` (0: the whole array) runs it on one
+    row tile of that many PE rows (nc_matmul's tile_size), the one its operands' partitions
+    name (tile_position): matmuls on different row tiles run in parallel."""
 
     opcode: ClassVar[str] = "matmul"
     dst: TileRef
@@ -204,6 +211,7 @@ class Matmul(Instr):
     moving: TileRef
     accumulate: bool
     transpose: bool = False
+    tile_rows: int = 0
 
     def reads(self):
         base = (self.stationary, self.moving)

@@ -119,9 +119,15 @@ class KernelBuilder:
         return self.b.dma(dst, src, queue)
 
     def matmul(
-        self, dst: isa.TileRef, stationary: isa.TileRef, moving: isa.TileRef, accumulate: bool
+        self,
+        dst: isa.TileRef,
+        stationary: isa.TileRef,
+        moving: isa.TileRef,
+        accumulate: bool,
+        tile_rows: int = 0,
     ) -> int:
-        """dst[M, N] (PSUM) (+)= stationary[K, M].T @ moving[K, N] on TensorE."""
+        """dst[M, N] (PSUM) (+)= stationary[K, M].T @ moving[K, N] on TensorE; with tile_rows,
+        on the row tile of that many PE rows that the operands' partitions lie in."""
         if dst.mem != "psum":
             raise CodegenError(f"matmul writes PSUM, not {dst.mem}")
         k, m, n = stationary.np, stationary.free_elems, moving.free_elems
@@ -133,9 +139,15 @@ class KernelBuilder:
             )
         if dst.np != m or dst.free_elems != n:
             raise CodegenError(f"matmul result is [{m}, {n}], dst is {dst}")
-        return self.b.emit(
-            isa.Matmul("pe", dst=dst, stationary=stationary, moving=moving, accumulate=accumulate)
+        mm = isa.Matmul(
+            "pe",
+            dst=dst,
+            stationary=stationary,
+            moving=moving,
+            accumulate=accumulate,
+            tile_rows=tile_rows,
         )
+        return self.b.emit(mm)
 
     def activation(
         self, dst: isa.TileRef, src: isa.TileRef, func: str, scale: float = 1.0, bias: float = 0.0

@@ -19,8 +19,8 @@ from typing import Any
 from neuroncc.codegen import isa
 from neuroncc.ir.types import DType
 
-FORMAT_VERSION = 4  # 2: Matmul.transpose; 3: interned operands, positional rows;
-# 4: activation_reduce
+FORMAT_VERSION = 5  # 2: Matmul.transpose; 3: interned operands, positional rows;
+# 4: activation_reduce; 5: Matmul.tile_rows
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,9 @@ class Target(BaseModel):
     pe_stationary_fmax: int = 128
     pe_moving_fmax: int = 512
     pe_fp32_slowdown: int = 4  # "FP32 inputs cost 4x" (1c)
+    # Row tiling (1a "PE tiling", nc_matmul docstring): the 128 rows split into 2 x 64 tiles
+    # (NC-v2 on), or 4 x 32 (NC-v3 on), where matmuls with a short contraction run in parallel.
+    pe_row_tiles: tuple[int, ...] = (64,)
     # NC-v3 adds a bit-exact TensorE transpose mode (1c). Without it a transpose is a matmul
     # against the identity, where an inf or NaN anywhere in the tile spreads (inf * 0 = NaN),
     # so codegen transposes on TensorE only where the target has the exact mode.
@@ -126,6 +129,7 @@ TRN2 = Target(
     dma_descriptor_ns=26.0,
     pe_throttle_start=0.5,
     pe_exact_transpose=True,
+    pe_row_tiles=(32, 64),
 )
 
 TRN3 = Target(
@@ -144,6 +148,7 @@ TRN3 = Target(
     dma_descriptor_ns=26.0,  # [assumed] as trn2: no published trn3 measurement
     pe_throttle_start=0.5,
     pe_exact_transpose=True,
+    pe_row_tiles=(32, 64),
 )
 
 TARGETS: dict[str, Target] = {t.name: t for t in (TRN1, TRN2, TRN3)}

@@ -140,6 +140,8 @@ def prepare_matmul(m: Memories, ins: isa.Matmul, t: Target) -> Step:
         )
     if dst.shape != (st.free_elems, mv.free_elems) or dst.dtype.value != "f32":
         raise SimulationError(f"matmul result {dst} must be f32[{st.free_elems},{mv.free_elems}]")
+    if ins.tile_rows:
+        _check_row_tile(ins, t)
     if (
         dst.free_bytes > t.psum_bank_bytes
         or dst.offset // t.psum_bank_bytes != (dst.offset + dst.free_bytes - 1) // t.psum_bank_bytes
@@ -168,6 +170,20 @@ def prepare_matmul(m: Memories, ins: isa.Matmul, t: Target) -> Step:
         np.add(out, np.matmul(a().T, b(), out=product), out=out)
 
     return accumulate
+
+
+def _check_row_tile(ins: isa.Matmul, t: Target) -> None:
+    """A row-tiled matmul's operands lie on the partitions of one tile of `tile_rows` PE rows,
+    which starts at a multiple of that size (nc_matmul: tile_position, tile_size)."""
+    rows, st, mv = ins.tile_rows, ins.stationary, ins.moving
+    if rows not in t.pe_row_tiles:
+        allowed = ", ".join(map(str, t.pe_row_tiles))
+        raise SimulationError(f"{t.name} has no {rows}-row TensorE tiles (it has {allowed})")
+    if st.p0 != mv.p0 or st.p0 % rows or st.np > rows:
+        raise SimulationError(
+            f"row-tiled matmul operands {st} and {mv} must share partitions within one"
+            f" {rows}-row tile"
+        )
 
 
 @functools.cache

@@ -4,7 +4,9 @@
   when its engine is free and every instruction it waits on (`deps`) has finished; its
   duration comes from codegen/costs.py, plus a pipeline drain when it reads what the previous
   instruction on its engine wrote. TensorE runs throttled after an idle spell on targets that
-  throttle (targets.py).
+  throttle (targets.py). Its row-tiled matmuls (`Matmul.tile_rows`) occupy only their rows of
+  the array: one on another row tile starts beside it, though still not before the
+  instruction ahead of it in the stream has started.
 - A DMA is issued on a queue (q0..q15); each queue runs in order. Its descriptors fan out over
   the DMA engines, which all queues share: on each engine its share goes into the earliest idle
   gap, so an independent transfer on another queue is never stuck behind a waiting one. The
@@ -114,6 +116,8 @@ class _Scheduler:
     def __init__(self, t: Target) -> None:
         self.t = t
         self.free_at: dict[str, float] = defaultdict(float)
+        self.pe_lane_free = [0.0] * (t.pe_rows // LANE_ROWS)
+        self.pe_issued = 0.0
         self.dma_engines = [_Timeline() for _ in range(t.dma_engines)]
         self.next_engine = 0
         self.pe_warm_ns = 0.0
@@ -126,15 +130,27 @@ class _Scheduler:
         if ins.engine != "pe" and _reads_any(ins, self.last_writes.get(ins.engine, ())):
             dur += self.t.dependent_drain_cycles / costs.engine_ghz(ins.engine, self.t)
         self.last_writes[ins.engine] = ins.writes()
-        start = max(self.free_at[ins.engine], ready)
         if ins.engine == "pe":
-            dur = self._throttle(start, dur)
+            return self._tensor(ins, ready, dur)
+        start = max(self.free_at[ins.engine], ready)
         self.free_at[ins.engine] = start + dur
         return start, start + dur
 
-    def _throttle(self, start: float, dur: float) -> float:
-        """TensorE warm-up: rate ramps from pe_throttle_start to 1 over the ramp's busy time;
-        an idle gap of half the window (utilisation below 50%) brings the limit back."""
+    def _tensor(self, ins: isa.Instr, ready: float, dur: float) -> tuple[float, float]:
+        """TensorE: in order of issue, each instruction on its lanes of the array."""
+        lanes = pe_lanes(ins, self.t)
+        start = max(ready, self.pe_issued, *(self.pe_lane_free[k] for k in lanes))
+        dur = self._throttle(start, dur, busy_share(ins, self.t))
+        for k in lanes:
+            self.pe_lane_free[k] = start + dur
+        self.pe_issued = start
+        self.free_at["pe"] = max(self.free_at["pe"], start + dur)
+        return start, start + dur
+
+    def _throttle(self, start: float, dur: float, share: float) -> float:
+        """TensorE warm-up: rate ramps from pe_throttle_start to 1 over the ramp's busy time
+        (a row tile's time counts at its share of the array); an idle gap of half the window
+        (utilisation below 50%) brings the limit back."""
         t = self.t
         if t.pe_throttle_start >= 1.0:
             return dur
@@ -143,8 +159,8 @@ class _Scheduler:
         warm = min(1.0, self.pe_warm_ns / t.pe_throttle_ramp_ns)
         rate = t.pe_throttle_start + (1.0 - t.pe_throttle_start) * warm
         slowed = dur / rate
-        self.pe_warm_ns += slowed
-        self.throttled_ns += slowed - dur
+        self.pe_warm_ns += slowed * share
+        self.throttled_ns += (slowed - dur) * share
         return slowed
 
     def dma(self, ins: isa.Instr, ready: float) -> tuple[float, float]:
@@ -164,6 +180,23 @@ class _Scheduler:
         self.next_engine = (self.next_engine + engines) % len(self.dma_engines)
         self.free_at[ins.engine] = end
         return start, end
+
+
+LANE_ROWS = 32  # the smallest row tile (NC-v3 on): TensorE's rows as the timing tracks them
+
+
+def pe_lanes(ins: isa.Instr, t: Target) -> range:
+    """The 32-row lanes of the array a TensorE instruction occupies: its row tile's, else all."""
+    if not isinstance(ins, isa.Matmul) or not ins.tile_rows:
+        return range(t.pe_rows // LANE_ROWS)
+    first = ins.stationary.p0 // LANE_ROWS
+    return range(first, first + ins.tile_rows // LANE_ROWS)
+
+
+def busy_share(ins: isa.Instr, t: Target) -> float:
+    """The part of its engine an instruction keeps busy: a row-tiled matmul its rows' share of
+    the array (so TensorE's busy time never exceeds the time it ran), anything else all."""
+    return len(pe_lanes(ins, t)) * LANE_ROWS / t.pe_rows if ins.engine == "pe" else 1.0
 
 
 def _reads_any(ins: isa.Instr, written: tuple) -> bool:
@@ -237,7 +270,7 @@ def time_executable(exe: Executable, t: Target) -> Profile:
     sbuf_r = sbuf_w = psum_r = psum_w = 0
     peak_ns = 0.0
     for i, ins in enumerate(exe.instructions):
-        busy[ins.engine] += sched.end[i] - sched.start[i]
+        busy[ins.engine] += (sched.end[i] - sched.start[i]) * busy_share(ins, t)
         counts[ins.engine] += 1
         if isinstance(ins, isa.Matmul):
             flops += costs.matmul_flops(ins)
@@ -319,7 +352,7 @@ def kernel_costs(exe: Executable, t: Target) -> list[KernelCost]:
         for i in range(k.start, k.stop):
             ins = exe.instructions[i]
             group = "dma" if _is_dma(ins) else ins.engine
-            busy[group] += sched.end[i] - sched.start[i]
+            busy[group] += (sched.end[i] - sched.start[i]) * busy_share(ins, t)
             if isinstance(ins, isa.Matmul):
                 flops += costs.matmul_flops(ins)
                 compute_ns += costs.matmul_flops(ins) / t.peak_flops_per_ns(ins.moving.dtype)
@@ -343,12 +376,21 @@ def kernel_costs(exe: Executable, t: Target) -> list[KernelCost]:
 _TRACK_NAMES = {"pe": "TensorE", "act": "ScalarE", "dve": "VectorE", "pool": "GpSimdE"}
 
 
+def _trace_track(ins: isa.Instr) -> str:
+    if isinstance(ins, isa.Matmul) and ins.tile_rows:
+        first = ins.stationary.p0
+        return f"pe rows {first}-{first + ins.tile_rows - 1}"
+    return ins.engine
+
+
 def trace_events(exe: Executable, t: Target, pid: int = 0) -> dict:
     """The schedule in Chrome trace-event format (Perfetto, chrome://tracing): one track per
     engine and DMA queue, one slice per instruction, times in microseconds; the executable is
-    process `pid`, so several can share a file."""
+    process `pid`, so several can share a file. Row-tiled matmuls, which overlap each other,
+    go on a track per row tile ("TensorE rows 64-127")."""
     sched, _ = schedule(exe, t)
-    tracks = sorted(set(sched.track), key=lambda e: (e not in _TRACK_NAMES, len(e), e))
+    track = [_trace_track(ins) for ins in exe.instructions]
+    tracks = sorted(set(track), key=lambda e: (e.split(" ")[0] not in _TRACK_NAMES, len(e), e))
     tid = {name: k for k, name in enumerate(tracks)}
     kernel_of = {}
     for k in exe.kernels:
@@ -358,7 +400,9 @@ def trace_events(exe: Executable, t: Target, pid: int = 0) -> dict:
         {"name": "process_name", "ph": "M", "pid": pid, "args": {"name": f"{exe.name} on {t.name}"}}
     ]
     for name, k in tid.items():
-        label = _TRACK_NAMES.get(name, f"DMA queue {name}")
+        engine, _, rows = name.partition(" ")
+        label = f"{_TRACK_NAMES[engine]} {rows}".strip() if engine in _TRACK_NAMES else ""
+        label = label or f"DMA queue {name}"
         for meta, arg in (
             ("thread_name", {"name": label}),
             ("thread_sort_index", {"sort_index": k}),
@@ -371,7 +415,7 @@ def trace_events(exe: Executable, t: Target, pid: int = 0) -> dict:
                 "cat": kernel_of.get(i, ""),
                 "ph": "X",
                 "pid": pid,
-                "tid": tid[ins.engine],
+                "tid": tid[track[i]],
                 "ts": sched.start[i] / 1e3,
                 "dur": (sched.end[i] - sched.start[i]) / 1e3,
                 "args": {"id": i, "kernel": kernel_of.get(i, ""), "deps": list(ins.deps)},

@@ -7,8 +7,9 @@ import pytest
 
 from neuroncc.codegen import isa
 from neuroncc.codegen.builder import ProgramBuilder
+from neuroncc.codegen.kernel_builder import KernelBuilder
 from neuroncc.codegen.program import Executable, ValueLoc
-from neuroncc.codegen.targets import TRN2
+from neuroncc.codegen.targets import TRN2, get_target
 from neuroncc.errors import CodegenError, RaceError, SimulationError
 from neuroncc.ir.types import DType
 from neuroncc.runtime.memory import Memories
@@ -273,3 +274,49 @@ def test_neighbouring_kernels_allocate_from_opposite_ends():
     assert not b_load.deps  # a's tile stays where it was: no write-after-read to wait for
     with pb.kernel("d"):
         assert pb.sbuf_pool(cap, bufs=1).base == 0
+
+
+def _two_heads(target: str, tiles: tuple[tuple[int, int, int], ...]):
+    """Scores of two heads whose 64-deep Qᵀ and Kᵀ share one tile's partitions: a matmul per
+    (first partition, partitions, tile_rows), its result stored to out[head]."""
+    kb = KernelBuilder(target)
+    q, k = kb.hbm("q", (128, 128), F32), kb.hbm("k", (128, 256), F32)
+    out = kb.hbm("out", (len(tiles), 128, 256), F32, kind="output")
+    qt, kt = kb.sbuf((128, 128), F32), kb.sbuf((128, 256), F32)
+    kb.load(qt, q[:, :])
+    kb.load(kt, k[:, :])
+    pool = kb.psum_pool((128, 256), bufs=len(tiles))
+    for h, (p0, n, rows) in enumerate(tiles):
+        ps, sb = pool.tile(), kb.sbuf((128, 256), F32)
+        kb.matmul(ps, qt.partitions(p0, n), kt.partitions(p0, n), False, tile_rows=rows)
+        kb.copy(sb, ps)
+        kb.store(out[h, :, :], sb)
+    return kb.finish()
+
+
+def test_row_tiled_matmuls_compute_each_tiles_product():
+    rng = np.random.default_rng(0)
+    q, k = rng.standard_normal((128, 128), np.float32), rng.standard_normal((128, 256), np.float32)
+    exe = _two_heads("trn2", ((0, 64, 64), (64, 64, 64)))
+    (out,) = run(exe, [q, k], TRN2)
+    for h in range(2):
+        rows = slice(64 * h, 64 * h + 64)
+        np.testing.assert_allclose(out[h], q[rows].T @ k[rows], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("target", "tile", "message"),
+    [
+        ("trn1", (0, 32, 32), "trn1 has no 32-row TensorE tiles"),
+        ("trn2", (32, 64, 64), "within one 64-row tile"),  # rows 32-95 straddle two tiles
+        ("trn2", (0, 64, 32), "within one 32-row tile"),  # deeper than its tile
+    ],
+)
+def test_row_tiles_are_checked(target, tile, message):
+    with pytest.raises(SimulationError, match=message):
+        exe = _two_heads(target, (tile,))
+        run(
+            exe,
+            [np.zeros((128, 128), np.float32), np.zeros((128, 256), np.float32)],
+            get_target(target),
+        )

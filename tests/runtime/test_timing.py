@@ -139,6 +139,64 @@ def test_tensore_warms_up_on_trn2_but_not_on_trn1():
     assert _matmuls("trn1", 4).throttled_ns == 0
 
 
+def _row_tiled(target: str, tiles: list[tuple[int, int]], heads: int = 2):
+    """Four bf16 matmuls, two after two, on (first partition, tile_rows): contractions as deep
+    as their row tile, 64 where untiled."""
+    kb = KernelBuilder(target)
+    s, m = kb.sbuf((128, 128), BF16), kb.sbuf((128, 512), BF16)
+    pool = kb.psum_pool(bufs=4)
+    for _ in range(4 // heads):
+        for p0, rows in tiles[:heads]:
+            st, mv = s.partitions(p0, rows or 64), m.partitions(p0, rows or 64)
+            kb.matmul(pool.tile(), st, mv, accumulate=False, tile_rows=rows)
+    return time_executable(kb.finish(), get_target(target))
+
+
+def test_matmuls_on_different_row_tiles_run_in_parallel():
+    per_matmul = 512 / TRN1.tensor_ghz
+    parallel = _row_tiled("trn1", [(0, 64), (64, 64)])
+    assert parallel.device_ns == pytest.approx(2 * per_matmul)
+    # Busy time counts each at half the array: the array was fully busy, not twice over.
+    assert parallel.engine_busy_ns["pe"] == pytest.approx(parallel.device_ns)
+    assert parallel.hfu == pytest.approx(parallel.mfu)  # a 64-deep contraction fills its tile
+    # On the same row tile, or untiled (the whole array), they run one after another.
+    assert _row_tiled("trn1", [(0, 64), (0, 64)]).device_ns == pytest.approx(4 * per_matmul)
+    untiled = _row_tiled("trn1", [(0, 0), (64, 0)])
+    assert untiled.device_ns == pytest.approx(4 * per_matmul)
+    assert untiled.mfu == pytest.approx(untiled.hfu / 2)  # half the array idle
+    # trn2's 32-row tiles: one of 64 rows and one of 32 beside it.
+    per_matmul = 512 / TRN2.tensor_ghz
+    mixed = _row_tiled("trn2", [(0, 64), (64, 32)])
+    assert mixed.device_ns < 0.75 * _row_tiled("trn2", [(0, 0), (64, 0)]).device_ns
+
+
+def test_row_tiles_issue_in_order():
+    """A matmul never starts before the one ahead of it in the stream: the third (back on
+    rows 0-63) waits for the first, and the fourth (rows 64-127) for the third's start."""
+    kb = KernelBuilder("trn1")
+    s, m = kb.sbuf((128, 128), BF16), kb.sbuf((128, 512), BF16)
+    long, short = kb.psum_pool(bufs=1), kb.psum_pool((128, 128), bufs=3)
+    for p0, n in ((0, 512), (64, 128), (0, 128), (64, 128)):
+        dst = (long if n == 512 else short).tile()
+        mv = m.cols(0, n).partitions(p0, 64)
+        kb.matmul(dst, s.partitions(p0, 64), mv, accumulate=False, tile_rows=64)
+    sched, _ = schedule(kb.finish(), TRN1)
+    assert sched.start[1] == sched.start[0] == 0
+    assert sched.start[2] == pytest.approx(sched.end[0])
+    assert sched.start[3] == sched.start[2]
+
+
+def test_row_tiled_matmuls_get_a_trace_track_per_tile():
+    kb = KernelBuilder("trn1")
+    s, m = kb.sbuf((128, 128), BF16), kb.sbuf((128, 512), BF16)
+    pool = kb.psum_pool(bufs=2)
+    for p0 in (0, 64):
+        kb.matmul(pool.tile(), s.partitions(p0, 64), m.partitions(p0, 64), False, tile_rows=64)
+    events = trace_events(kb.finish(), TRN1)["traceEvents"]
+    names = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    assert {"TensorE rows 0-63", "TensorE rows 64-127"} <= names
+
+
 def test_profile_counts_memory_traffic():
     kb = KernelBuilder("trn2")
     a = kb.hbm("a", (128, 256), F32)
