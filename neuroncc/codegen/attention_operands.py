@@ -10,7 +10,7 @@ from neuroncc.codegen.views import View, strided_view
 from neuroncc.ir.graph import Graph, Value
 
 if TYPE_CHECKING:
-    from neuroncc.codegen.emit_attention import AttentionPlan
+    from neuroncc.codegen.attention_planner import AttentionPlan
 
 
 def fold_operand_views(

@@ -25,9 +25,16 @@ def identity(b: ProgramBuilder, dtype: DType) -> isa.TileRef:
 class PeTransposer:
     """Transposes [p <= 128, f <= 128] SBUF tiles on TensorE: out[f, p] = x.T @ I_p."""
 
-    def __init__(self, ctx: EmitCtx, dtype: DType, banks: int = PSUM_TRANSPOSE_BANKS) -> None:
+    def __init__(
+        self,
+        ctx: EmitCtx,
+        dtype: DType,
+        banks: int = PSUM_TRANSPOSE_BANKS,
+        engine: str | None = None,
+    ) -> None:
+        """`engine` evacuates every result ("act" or "dve"); None alternates the two."""
         b = ctx.b
-        self.b, self.dtype = b, dtype
+        self.b, self.dtype, self.engine = b, dtype, engine
         self.ident = identity(b, dtype)
         bank = b.psum_pool(bufs=banks)
         # Four [128, 128] fp32 results share one 2 KiB bank, so transposes pipeline.
@@ -45,6 +52,8 @@ class PeTransposer:
         self.b.emit(isa.TensorCopy(self.evacuation_engine(), dst=dst, src=ps))
 
     def evacuation_engine(self) -> str:
-        """Alternate PSUM evacuations between ScalarE and VectorE."""
+        """The engine given, else alternate PSUM evacuations between ScalarE and VectorE."""
+        if self.engine is not None:
+            return self.engine
         self._engine ^= 1
         return "act" if self._engine else "dve"

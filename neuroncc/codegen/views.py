@@ -35,6 +35,16 @@ class View:
         """v read as it is: its own buffer, row-major."""
         return View(v, 0, v.type.shape, contiguous_strides(v.type.shape))
 
+    def transposed(self) -> View:
+        """The same elements with the last two axes swapped."""
+        shape, strides = self.shape, self.strides
+        return View(
+            self.base,
+            self.offset,
+            (*shape[:-2], shape[-1], shape[-2]),
+            (*strides[:-2], strides[-1], strides[-2]),
+        )
+
     def batch_offset(self, bi: int) -> int:
         """Offset of matrix bi, counting the leading (all but the last two) axes row-major."""
         off = self.offset

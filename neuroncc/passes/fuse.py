@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from neuroncc.codegen.emit_attention import attention_plan
+from neuroncc.codegen.attention_planner import attention_plan
 from neuroncc.codegen.row_plan import epilogue_plan, fusible, plan, uses_result
 from neuroncc.ir.graph import Graph, Node
 from neuroncc.ir.ops import Op

@@ -32,9 +32,9 @@ from typing import ClassVar
 
 from neuroncc.codegen import isa
 from neuroncc.codegen.attention_operands import fold_operand_views
+from neuroncc.codegen.attention_planner import attention_plans
 from neuroncc.codegen.costs import dma_ns, instr_ns
 from neuroncc.codegen.emit import P
-from neuroncc.codegen.emit_attention import attention_plans
 from neuroncc.codegen.emit_gemv import gemv_foldable, gemv_ns
 from neuroncc.codegen.emit_matmul import (
     TRANSPOSE_RUN_BYTES,

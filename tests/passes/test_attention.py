@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import neuroncc
-from neuroncc.codegen.emit_attention import attention_plans, loads_ahead, with_key_facts
+from neuroncc.codegen import isa
+from neuroncc.codegen.attention_planner import attention_plans, loads_ahead, with_key_facts
 from neuroncc.codegen.lower import emit_graph
 from neuroncc.codegen.targets import TRN1, TRN2
 from neuroncc.ir import parse, print_graph
@@ -225,3 +226,47 @@ def test_short_key_rows_are_loaded_fewer_steps_ahead(fresh, tmp_path, seq, ahead
     g = parse((tmp_path / "graph1_inference" / "07-plan.txt").read_text())
     plans = [with_key_facts(g, ap) for ap in attention_plans(g, TRN2).values()]
     assert [loads_ahead(ap, TRN2) for ap in plans] == [ahead]
+
+
+def _attention_exe():
+    (exe,) = [c.exe for c in STATS.executed().values() if "attention" in str(c.exe.kernels)]
+    return exe
+
+
+@pytest.mark.parametrize("heads", [2, 3])
+def test_head_pairs_share_qt_and_kt_and_score_side_by_side(fresh, heads):
+    """Note [head pairs]: at D = 64, two heads' Qᵀ (and Kᵀ) are one 128-partition transpose,
+    and their score matmuls run at once on TensorE's two 64-row tiles. A third head runs
+    alone, on rows 0-63."""
+    q, k, v = _qkv(1, heads, 256, 256, 64)
+    sdpa = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with torch.no_grad():
+        _compile_and_check(sdpa, [q, k, v])
+    mms = [i for i in _attention_exe().instructions if isinstance(i, isa.Matmul)]
+    scores = [i for i in mms if i.tile_rows == 64]
+    assert len(scores) == 2 * heads  # two query blocks a head, the causal one on one chunk
+    assert sorted(i.stationary.p0 for i in scores) == sorted([0] * (2 * heads - 2) + [64] * 2)
+    transposes = [i for i in mms if i.transpose]
+    pairs = (heads + 1) // 2
+    # Qᵀ and Kᵀ: two blocks of each per pair (or head alone); Pᵀ: 1 + 2 key tiles a head.
+    assert len(transposes) == 2 * pairs + 2 * pairs + 3 * heads
+
+
+def test_head_pairs_read_side_by_side_heads_in_one_dma(fresh):
+    """Out of a QKV projection two heads' q rows lie side by side: the pair's [rows, 2D]
+    block is one DMA of 512-byte rows, not two of 256."""
+    torch.manual_seed(0)
+    qkv = torch.nn.Linear(128, 3 * 128)
+
+    def fn(x):
+        q, k, v = qkv(x).view(1, 128, 3, 2, 64).permute(2, 0, 3, 1, 4)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    with torch.no_grad():
+        _compile_and_check(fn, [torch.randn(1, 128, 128)])
+    loads = [
+        i.src.dims
+        for i in _attention_exe().instructions
+        if isinstance(i, isa.Dma) and isinstance(i.src, isa.DramRef)
+    ]
+    assert ((3 * 128, 128), (1, 128)) in loads  # q (and k): rows 384 apart, 128 wide
