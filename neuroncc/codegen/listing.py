@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jinja2
@@ -21,13 +22,19 @@ def _template() -> jinja2.Template:
 
 
 def describe(ins: isa.Instr) -> str:
-    """One instruction's operands: `dst <- srcs` plus its immediates."""
+    """One instruction's operands: `dst <- srcs` plus its immediates, but those at their
+    default (a matmul's `transpose=False, tile_rows=0`, an activation's `scale=1.0`)."""
     ops = ins.operands()
     dst = [str(v) for k, v in ops.items() if k == "dst"]
     srcs = [
         str(v) for k, v in ops.items() if isinstance(v, (isa.TileRef, isa.DramRef)) and k != "dst"
     ]
-    imms = [f"{k}={v}" for k, v in ops.items() if not isinstance(v, (isa.TileRef, isa.DramRef))]
+    defaults = {f.name: f.default for f in dataclasses.fields(ins)}
+    imms = [
+        f"{k}={v}"
+        for k, v in ops.items()
+        if not isinstance(v, (isa.TileRef, isa.DramRef)) and defaults.get(k) != v
+    ]
     text = f"{', '.join(dst)} <- {', '.join(srcs)}" if srcs else ", ".join(dst)
     return text + (f"  [{', '.join(imms)}]" if imms else "")
 

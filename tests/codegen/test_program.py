@@ -54,3 +54,11 @@ def test_listing_shows_kernels_engines_and_waits():
     assert " pe   matmul " in text and " act  activation " in text
     assert "waits " in text
     assert "in0      input  f32[8, 16]" in text
+
+
+def test_listing_leaves_out_immediates_at_their_default():
+    text = listing(_exe())
+    matmuls = [line for line in text.splitlines() if " matmul " in line]
+    assert matmuls and all("accumulate=" in line for line in matmuls)  # no default: shown
+    assert not any("tile_rows=0" in line or "transpose=False" in line for line in matmuls)
+    assert "func=tanh]" in text  # scale=1.0, bias=0.0 left out
