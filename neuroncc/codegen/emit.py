@@ -67,6 +67,8 @@ class EmitCtx:
         # Attention operands read in place (attention_operands.fold_operand_views): value id ->
         # its views.View.
         self.views: dict = {}
+        # (concat id, input position) -> views.ConcatSource (Note [concat in place])
+        self.concat_sources: dict = {}
 
     def alloc(self, v: Value) -> str:
         """v's HBM buffer: where the plan pass placed it (the arena), else after the others."""

@@ -11,8 +11,9 @@ from neuroncc.codegen.emit_matmul import (
     emit_transpose_on_pe,
     pe_transposable,
 )
+from neuroncc.codegen.targets import Target
 from neuroncc.errors import CodegenError
-from neuroncc.ir.graph import Node, Value
+from neuroncc.ir.graph import Graph, Node, Value
 from neuroncc.ir.ops import Op
 from neuroncc.ir.types import DType, contiguous_strides
 
@@ -121,14 +122,18 @@ def emit_reshape(ctx: EmitCtx, n: Node) -> None:
     ctx.loc[n.out.id] = type(src)(src.buffer, n.out.type.shape, n.out.type.dtype)
 
 
-@register(Op.TRANSPOSE)
-def emit_transpose(ctx: EmitCtx, n: Node) -> None:
+def transpose_layout(g: Graph, n: Node, t: Target) -> str:
     """Where the layout pass said (passes/layout.py); without it, on TensorE where possible,
     else as a strided DMA."""
-    layout = ctx.graph.choice(n.out.id, "layout")
+    layout = g.choice(n.out.id, "layout")
     if layout is None:
-        perm = tuple(n.attr("perm"))
-        layout = "pe" if pe_transposable(n.inputs[0].type, perm, ctx.target) else "dma"
+        layout = "pe" if pe_transposable(n.inputs[0].type, tuple(n.attr("perm")), t) else "dma"
+    return layout
+
+
+@register(Op.TRANSPOSE)
+def emit_transpose(ctx: EmitCtx, n: Node) -> None:
+    layout = transpose_layout(ctx.graph, n, ctx.target)
     if layout in ("fold", "dot"):
         emit_transpose_folded(ctx, n, layout)
     elif layout == "pe":
@@ -208,24 +213,25 @@ def emit_strided(ctx: EmitCtx, n: Node) -> None:
 
 @register(Op.CONCAT)
 def emit_concat(ctx: EmitCtx, n: Node) -> None:
+    """Each input copied into its region; an input that views make is copied from where
+    they start (Note [concat in place], views.concat_sources)."""
     axis = n.attr("axis")
     out = ctx.alloc(n.out)
     out_strides = contiguous_strides(n.out.type.shape)
     pos = 0
-    for x in n.inputs:
-        shape = x.type.shape
-        copy_pattern(
-            ctx,
-            out,
-            pos * out_strides[axis],
-            out_strides,
-            ctx.buf(x),
-            0,
-            contiguous_strides(shape),
-            shape,
-            x.type.dtype,
-        )
-        pos += shape[axis]
+    for i, x in enumerate(n.inputs):
+        dst = pos * out_strides[axis]
+        src = ctx.concat_sources.get((n.out.id, i))
+        if src is None:
+            shape, strides = x.type.shape, contiguous_strides(x.type.shape)
+            copy_pattern(ctx, out, dst, out_strides, ctx.buf(x), 0, strides, shape, x.type.dtype)
+        else:
+            view = src.view
+            base, offset = ctx.buf(view.base), view.offset
+            copy_pattern(
+                ctx, out, dst, src.dst_strides, base, offset, view.strides, src.shape, x.type.dtype
+            )
+        pos += x.type.shape[axis]
 
 
 def _index_tiles(ctx: EmitCtx, idx: Value, d: int, dt: DType):

@@ -15,9 +15,15 @@ from neuroncc.codegen.emit_few_rows import (
     stream_tile_bytes,
 )
 from neuroncc.codegen.emit_fused import emit_fused
+from neuroncc.codegen.emit_tensor import transpose_layout
 from neuroncc.codegen.program import Executable
 from neuroncc.codegen.targets import Target
-from neuroncc.codegen.views import cols_read_in_place, merged_heads, rows_read_in_place
+from neuroncc.codegen.views import (
+    cols_read_in_place,
+    concat_sources,
+    merged_heads,
+    rows_read_in_place,
+)
 from neuroncc.errors import CodegenError
 from neuroncc.ir.graph import Graph
 from neuroncc.ir.ops import Op
@@ -52,6 +58,10 @@ def _emit(g: Graph, target: Target, stream_bytes: int) -> Executable:
     ctx.col_slices = cols_read_in_place(g)
     ctx.merged_heads = merged_heads(g, target.pe_exact_transpose)
     skipped = skipped | {vid for merge in ctx.merged_heads.values() for vid in merge.nodes}
+    ctx.concat_sources, copied = concat_sources(
+        g, lambda n: transpose_layout(g, n, target) == "dma"
+    )
+    skipped |= copied
     i = 0
     while i < len(nodes):
         n = nodes[i]

@@ -10,7 +10,7 @@ fused QKV projection (attention_operands.fold_operand_views).
 from __future__ import annotations
 
 import math
-from collections.abc import Container
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 
 from neuroncc.ir.graph import Graph, Node, Value
@@ -218,3 +218,66 @@ def merged_heads(g: Graph, pe_transposes: bool) -> dict[int, MergedHeads]:
             continue
         found[r.out.id] = MergedHeads(o, heads, seq, dim, (t.out.id, r.out.id))
     return found
+
+
+@dataclass(frozen=True)
+class ConcatSource:
+    """A concat input copied from where its chain of views starts (concat_sources): the
+    copy runs over `shape`, reading `view` and writing the concat's region with
+    `dst_strides` (in the concat's elements, from the input's first element there)."""
+
+    shape: tuple[int, ...]
+    view: View
+    dst_strides: tuple[int, ...]
+
+
+def concat_sources(
+    g: Graph, on_dma: Callable[[Node], bool]
+) -> tuple[dict[tuple[int, int], ConcatSource], set[int]]:
+    """Note [concat in place]: a concat's input that transposes, slices and reshapes make (a
+    backward's dQ, dK and dV, each [heads, S, D] put back into [S, heads * D] for the QKV
+    projection's gradients) is copied by the concat straight from the value the chain starts
+    at, with the chain's strides: one copy where there was one per transpose or slice and
+    then the concat's. Only transposes that would run as DMAs (`on_dma`) are taken in: one on
+    TensorE stays, as a strided DMA would cost more. Returns (concat id, input position) -> its ConcatSource, and the ids of the
+    chain nodes nothing else reads, which are not emitted."""
+    producers, users = g.producers(), g.users()
+    outputs, in_kernels = {v.id for v in g.outputs}, g.kernel_of()
+    sources: dict[tuple[int, int], ConcatSource] = {}
+    chains: set[int] = set()
+    for n in g.nodes:
+        if n.op is not Op.CONCAT or n.out.id in in_kernels:
+            continue
+        dst_strides = contiguous_strides(n.out.type.shape)
+        for i, x in enumerate(n.inputs):
+            y, peeled = x, []  # a reshape aliases its input: copy over the shape it reshapes
+            while y.id in producers and producers[y.id].op is Op.RESHAPE:
+                peeled.append(y.id)
+                y = producers[y.id].inputs[0]
+            view, chain = strided_view(y, producers, in_kernels)
+            walked = [producers[vid] for vid in chain]
+            if not any(m.op is not Op.RESHAPE for m in walked) or any(
+                m.op is Op.TRANSPOSE and not on_dma(m) for m in walked
+            ):
+                continue
+            strides = reshape_strides(x.type.shape, dst_strides, y.type.shape)
+            if strides is None:
+                continue
+            sources[n.out.id, i] = ConcatSource(y.type.shape, view, strides)
+            chains.update(peeled + chain)
+
+    def in_place(u: Node, vid: int) -> bool:
+        return all((u.out.id, i) in sources for i, x in enumerate(u.inputs) if x.id == vid)
+
+    def unread(vid: int) -> bool:
+        return vid not in outputs and all(
+            u.out.id in skipped or (u.op is Op.CONCAT and in_place(u, vid)) for u in users[vid]
+        )
+
+    skipped: set[int] = set()
+    grown = True
+    while grown:
+        new = {vid for vid in chains - skipped if unread(vid)}
+        skipped |= new
+        grown = bool(new)
+    return sources, skipped

@@ -5,8 +5,12 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
+from neuroncc.codegen.emit_tensor import transpose_layout
+from neuroncc.codegen.lower import emit_graph
+from neuroncc.codegen.targets import TRN2
 from neuroncc.codegen.views import reshape_strides, strided_view
 from neuroncc.ir import DType, GraphBuilder, Op, TensorType
+from neuroncc.runtime.simulator import run
 
 
 def _factor_pairs(n):
@@ -81,3 +85,76 @@ def test_merging_non_contiguous_axes_needs_a_copy():
     assert reshape_strides((4, 6), (1, 4), (24,)) is None  # a transposed [6, 4]
     assert reshape_strides((4, 6), (6, 1), (2, 2, 6)) == (12, 6, 1)
     assert reshape_strides((1, 12, 64), (0, 64, 1), (12, 1, 64)) == (64, 0, 1)
+
+
+def _chain_graph(shape, ops, keep_chain: bool):
+    """x through the chain of view ops, concatenated with a second input along axis 0; with
+    keep_chain, the chain's first value is also an output (so it must still be made)."""
+    b = GraphBuilder()
+    x = b.input(TensorType(shape, DType.F32))
+    v, first = x, None
+    for kind, arg in ops:
+        if kind == "transpose":
+            v = b.op(Op.TRANSPOSE, v, perm=list(arg))
+        elif kind == "slice":
+            starts, stops, steps = arg
+            v = b.op(Op.SLICE, v, starts=list(starts), stops=list(stops), steps=list(steps))
+        else:
+            v = b.op(Op.RESHAPE, v, shape=list(arg))
+        first = first or v
+    y = b.input(v.type)
+    cat = b.op(Op.CONCAT, v, y, axis=0)
+    return b.build([cat, first] if keep_chain and first is not None else [cat])
+
+
+@given(chains(), st.booleans())
+def test_a_concat_copies_its_inputs_from_where_their_views_start(chain, keep_chain):
+    """Note [concat in place]: the result is the concat of what the chain computes, and no
+    transpose or slice kernel is left where the chain has no transpose on TensorE, but a
+    value read elsewhere."""
+    shape, ops = chain
+    g = _chain_graph(shape, ops, keep_chain)
+    x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    want = x
+    for kind, arg in ops:
+        if kind == "transpose":
+            want = want.transpose(arg)
+        elif kind == "slice":
+            want = want[tuple(slice(a, z, s) for a, z, s in zip(*arg, strict=True))]
+        else:
+            want = want.reshape(arg)
+    y = -np.ones(want.shape, np.float32)
+    out = run(emit_graph(g, TRN2), [x, y], TRN2)
+    np.testing.assert_array_equal(out[0], np.concatenate([want, y]))
+    producers = g.producers()
+    kept = {
+        int(k.name.split(".")[1])
+        for k in emit_graph(g, TRN2).kernels
+        if k.stop > k.start and k.name.startswith(("transpose.", "slice."))
+    }
+    src = producers[g.outputs[0].id].inputs[0]
+    while src.id in producers and producers[src.id].op is Op.RESHAPE:
+        src = producers[src.id].inputs[0]
+    _, walked = strided_view(src, producers)  # what the concat's copy reads through
+    chain = [producers[v] for v in walked]
+    if any(n.op is Op.TRANSPOSE and transpose_layout(g, n, TRN2) == "pe" for n in chain):
+        return  # a chain with a transpose on TensorE stays as it is
+    # none of it is made, but the chain's first value where it is an output too
+    assert not kept & set(walked) - {g.outputs[-1].id}
+
+
+def test_a_backward_puts_dq_dk_dv_back_into_rows_in_one_copy():
+    """[heads, S, D] -> [S, heads * D] for each of three, concatenated: one concat kernel
+    reading the heads where they are, no transpose kernels."""
+    b = GraphBuilder()
+    parts = []
+    for _ in range(3):
+        x = b.input(TensorType((1, 4, 32, 16), DType.F32))
+        t = b.op(Op.TRANSPOSE, x, perm=[0, 2, 1, 3])
+        parts.append(b.op(Op.RESHAPE, t, shape=[1, 32, 64]))
+    g = b.build([b.op(Op.CONCAT, *parts, axis=2)])
+    exe = emit_graph(g, TRN2)
+    assert [k.name.split(".")[0] for k in exe.kernels if k.stop > k.start] == ["concat"]
+    xs = [np.random.default_rng(i).standard_normal((1, 4, 32, 16), np.float32) for i in range(3)]
+    want = np.concatenate([x.transpose(0, 2, 1, 3).reshape(1, 32, 64) for x in xs], axis=2)
+    np.testing.assert_array_equal(run(exe, xs, TRN2)[0], want)
