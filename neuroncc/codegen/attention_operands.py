@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from neuroncc.codegen.views import View, strided_view
+from neuroncc.codegen.views import View, strided_view, unread_chain_nodes
 from neuroncc.ir.graph import Graph, Value
 
 if TYPE_CHECKING:
@@ -38,20 +38,10 @@ def fold_operand_views(
                 viewed_by.setdefault(mm.out.id, set()).add(operand.id)
                 chains.update(chain)
 
-    def only_read_in_place(vid: int) -> bool:
-        return vid not in outputs and all(
-            u.out.id in skipped or vid in viewed_by.get(u.out.id, ()) for u in users[vid]
-        )
+    def in_place(u, vid: int) -> bool:
+        return vid in viewed_by.get(u.out.id, ())
 
-    # A chain node is not emitted once everything that reads it is not emitted or reads it
-    # in place; nodes shared with other readers stay (the views read through them).
-    skipped: set[int] = set()
-    grown = True
-    while grown:
-        new = {vid for vid in chains - skipped if only_read_in_place(vid)}
-        skipped |= new
-        grown = bool(new)
-    return views, skipped
+    return views, unread_chain_nodes(chains, outputs, users, in_place)
 
 
 def operands(ap: AttentionPlan) -> tuple[Value, Value, Value]:

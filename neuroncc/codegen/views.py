@@ -267,17 +267,29 @@ def concat_sources(
             chains.update(peeled + chain)
 
     def in_place(u: Node, vid: int) -> bool:
-        return all((u.out.id, i) in sources for i, x in enumerate(u.inputs) if x.id == vid)
+        return u.op is Op.CONCAT and all(
+            (u.out.id, i) in sources for i, x in enumerate(u.inputs) if x.id == vid
+        )
+
+    return sources, unread_chain_nodes(chains, outputs, users, in_place)
+
+
+def unread_chain_nodes(
+    chains: set[int], outputs: set[int], users: dict, in_place: Callable[[Node, int], bool]
+) -> set[int]:
+    """The chain nodes not to emit: each is no output and everything that reads it is not
+    emitted either or reads it in place (`in_place(reader, vid)`). Nodes shared with other
+    readers stay (the views read through them)."""
+    skipped: set[int] = set()
 
     def unread(vid: int) -> bool:
         return vid not in outputs and all(
-            u.out.id in skipped or (u.op is Op.CONCAT and in_place(u, vid)) for u in users[vid]
+            u.out.id in skipped or in_place(u, vid) for u in users[vid]
         )
 
-    skipped: set[int] = set()
     grown = True
     while grown:
         new = {vid for vid in chains - skipped if unread(vid)}
         skipped |= new
         grown = bool(new)
-    return sources, skipped
+    return skipped
