@@ -309,7 +309,11 @@ def with_key_facts(g: Graph, ap: AttentionPlan) -> AttentionPlan:
         chain.append(vid)
     node = next((x for x in ap.rows if x.out.id == vid), None)
     deferred = None
-    if _divides_by_row(node, ap.rows) and not any(read_outside(v) for v in (*chain, *ap.p_chain)):
+    # Only P V may read the division's value: anything else computed from it (a bf16 copy of
+    # P that a training forward saves) would get e instead.
+    flow = {*chain, *ap.p_chain}
+    only_pv = all(u.out.id in flow or u is ap.out for v in flow for u in users[v])
+    if _divides_by_row(node, ap.rows) and only_pv and not any(read_outside(v) for v in flow):
         aliases[node.out.id] = node.inputs[0].id
         deferred = (node.out.id, node.inputs[1].id)
     return replace(

@@ -120,6 +120,23 @@ def test_attention_training_matches_eager(fresh):
     assert backward and not [n for n in backward if n.startswith("transpose.")], backward
 
 
+def test_bf16_training_saves_normalised_probabilities(fresh):
+    """A bf16 training forward saves P as a bf16 copy made from the division: the output rows
+    must not take the division over (deferred normalisation), or the copy holds e, not P."""
+    q, k, v = (x.requires_grad_() for x in _qkv(1, 2, 128, 128, 32, dtype=torch.bfloat16))
+
+    def fn(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    torch.compile(fn, backend="neuron")(q, k, v).square().sum().backward()
+    grads = [x.grad.clone() for x in (q, k, v)]
+    for x in (q, k, v):
+        x.grad = None
+    fn(q, k, v).square().sum().backward()
+    for got, want in zip(grads, (q.grad, k.grad, v.grad), strict=True):
+        torch.testing.assert_close(got, want, atol=5e-2, rtol=2e-2)
+
+
 def test_bf16_attention(fresh):
     q, k, v = _qkv(1, 2, 128, 192, 32, dtype=torch.bfloat16)
     names = _compile_and_check(
