@@ -350,5 +350,6 @@ def attention_plans(g: Graph, t: Target) -> dict[int, AttentionPlan | None]:
     return {
         group[0].out.id: attention_plan(group, users, outputs, t)
         for group in g.kernel_groups()
-        if len(group) > 1 and group[0].op is Op.MATMUL is group[-1].op
+        if group[0].op is Op.MATMUL is group[-1].op
+        and sum(x.op is Op.MATMUL for x in group) == 2  # (4: attention_backward.py)
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from neuroncc.codegen import emit_matmul, emit_tensor  # noqa: F401  (register the emitters)
+from neuroncc.codegen.attention_backward import backward_plans, emit_attention_backward
 from neuroncc.codegen.attention_operands import fold_operand_views
 from neuroncc.codegen.attention_planner import AttentionPlan, attention_plans, with_key_facts
 from neuroncc.codegen.builder import OnChipOverflow, RingPool
@@ -52,6 +53,7 @@ def _emit(g: Graph, target: Target, stream_bytes: int) -> Executable:
         if ap is None:
             raise CodegenError("the fuse pass formed an attention group codegen rejects")
         attention[first] = with_key_facts(g, ap)
+    backward = backward_plans(g, target)
     ctx.views, skipped = fold_operand_views(g, list(attention.values()))
     unneeded = _made_on_chip(g, attention, skipped)
     ctx.row_slices = rows_read_in_place(g)
@@ -75,11 +77,13 @@ def _emit(g: Graph, target: Target, stream_bytes: int) -> Executable:
             continue
         if ids is not None:
             group = nodes[i : i + len(ids)]
-            ap = attention.get(n.out.id)
-            kind = "attention" if ap else "fused"
+            ap, bp = attention.get(n.out.id), backward.get(n.out.id)
+            kind = "attention" if ap else "attention_backward" if bp else "fused"
             with ctx.b.kernel(f"{kind}.{n.out.id}-{group[-1].out.id}"):
                 if ap is not None:
                     emit_attention(ctx, ap)  # Note [attention kernel]
+                elif bp is not None:
+                    emit_attention_backward(ctx, bp)  # Note [attention backward]
                 elif n.op is Op.MATMUL:
                     emit_matmul.emit_matmul(ctx, n, group[1:])  # Note [matmul epilogue]
                 else:

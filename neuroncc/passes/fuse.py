@@ -4,7 +4,8 @@ inputs from HBM once and write their results once; and a matmul with the element
 it (bias, activation, residual, scaling, cast: Note [matmul epilogue] in emit_matmul.py), so
 its result is finished on the way out of PSUM instead of going through HBM; and attention,
 matmul -> row group -> matmul, as one kernel that keeps the scores on chip (Note [attention
-kernel] in emit_attention.py).
+kernel] in emit_attention.py); and its backward, four matmuls and the dS between them, as one
+kernel that keeps dP and dS on chip (Note [attention backward] in attention_backward.py).
 
 The decision is the cost model's: a group forms only where codegen can emit it within the
 target's SBUF (`row_plan.plan`), and only where it saves HBM traffic, i.e. some value made in
@@ -18,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from neuroncc.codegen.attention_backward import match
 from neuroncc.codegen.attention_planner import attention_plan
 from neuroncc.codegen.row_plan import epilogue_plan, fusible, plan, uses_result
 from neuroncc.ir.graph import Graph, Node
@@ -34,6 +36,8 @@ class Fuse:
         users = g.users()
         outputs = {v.id for v in g.outputs}
         nodes, attention = _attention_groups(list(g.nodes), users, outputs, ctx)
+        nodes, backward = _attention_backward_groups(nodes, g, attention, ctx)
+        attention |= backward
         nodes = _epilogues_together(nodes, attention)
         kernels: list[tuple[int, ...]] = []
         run: list[Node] = []
@@ -78,7 +82,7 @@ class Fuse:
 _IN_PLACE_OPS = (Op.RESHAPE, Op.BROADCAST, Op.TRANSPOSE, Op.FULL, Op.IOTA)
 
 
-def _epilogues_together(nodes: list[Node], attention: dict) -> list[Node]:
+def _epilogues_together(nodes: list[Node], grouped: dict) -> list[Node]:
     """Between a matmul and the next one, the computations that do not depend on the matmul
     move ahead of it, so that what does (its epilogue) follows it without a gap: in an
     attention backward, D = rowsum(dO * O) sits between dP = dO V^T and dS = P * (dP - D), and
@@ -86,14 +90,21 @@ def _epilogues_together(nodes: list[Node], attention: dict) -> list[Node]:
     that only the epilogue reads stay with it: they say how it reads its inputs (a bias, or a
     row value broadcast over the product); the next matmul's W^T moves ahead. Legal: nothing
     moved ahead reads what stays behind; each part keeps its order. Attention kernels
-    (already grouped) are left alone."""
+    (`grouped` already) are left alone, and end the window."""
     out = list(nodes)
     i = 0
     while i < len(out):
-        if out[i].op is not Op.MATMUL or out[i].out.id in attention:
+        if out[i].op is not Op.MATMUL or out[i].out.id in grouped:
             i += 1
             continue
-        j = next((j for j in range(i + 1, len(out)) if out[j].op is Op.MATMUL), len(out))
+        j = next(
+            (
+                j
+                for j in range(i + 1, len(out))
+                if out[j].op is Op.MATMUL or out[j].out.id in grouped
+            ),
+            len(out),
+        )
         window = out[i + 1 : j]
         dep = {out[i].out.id}  # the matmul's result and what is computed from it
         for n in window:
@@ -145,6 +156,53 @@ def _attention_groups(
         groups.update(dict.fromkeys(ids, ids))
         i = j + 1
     return nodes, groups
+
+
+def _attention_backward_groups(
+    nodes: list[Node], g: Graph, attention: dict, ctx: PassContext
+) -> tuple[list[Node], dict[int, tuple[int, ...]]]:
+    """Attention backward kernels (Note [attention backward]), each found from its dS node;
+    their nodes are brought together (`_contiguous`). Returns the new node order and, for
+    every node in a kernel, the kernel's ids."""
+    groups: dict[int, tuple[int, ...]] = {}
+    producers, users, outputs = g.producers(), g.users(), {v.id for v in g.outputs}
+    for n in g.nodes:
+        if n.op is not Op.MUL or n.out.id in groups or n.out.id in attention:
+            continue
+        bp = match(n, producers, users, outputs, ctx.target)
+        if bp is None or any(vid in groups or vid in attention for vid in bp.members):
+            continue
+        order = _contiguous(nodes, bp.members, {*groups, *attention})
+        if order is None:
+            continue
+        nodes = order
+        ids = tuple(x.out.id for x in nodes if x.out.id in bp.members)
+        groups.update(dict.fromkeys(ids, ids))
+    return nodes, groups
+
+
+def _contiguous(nodes: list[Node], members: frozenset[int], grouped: set[int]) -> list[Node] | None:
+    """nodes with `members` consecutive: between the first and the last member, what does not
+    depend on them moves ahead, what does moves after. None where a member depends on such a
+    node (they cannot be one kernel) or a node of another kernel is in the way."""
+    at = [i for i, n in enumerate(nodes) if n.out.id in members]
+    lo, hi = at[0], at[-1]
+    ahead, inside, after = [], [], []
+    depends = set(members)
+    for n in nodes[lo : hi + 1]:
+        reads = {v.id for v in n.inputs}
+        if n.out.id in members:
+            if reads & {x.out.id for x in after}:
+                return None
+            inside.append(n)
+        elif n.out.id in grouped:
+            return None
+        elif reads & depends:
+            depends.add(n.out.id)
+            after.append(n)
+        else:
+            ahead.append(n)
+    return [*nodes[:lo], *ahead, *inside, *after, *nodes[hi + 1 :]]
 
 
 def _saves_traffic(run: list[Node], users: dict, outputs: set[int]) -> bool:

@@ -1,0 +1,482 @@
+"""The attention backward as one kernel: dP, dS and D stay on chip, dK and dV accumulate in PSUM.
+
+Note [attention backward]: AOTAutograd differentiates softmax attention O = P V, P =
+softmax(scale * Q Kᵀ) into (dO the output's gradient, D one value per query row)
+
+    D  = rowsum(dO * O)            dP = dO Vᵀ            dS = P * (dP - D)
+    dV = Pᵀ dO                     dQ = dS K  (* scale)  dK = dSᵀ Q  (* scale)
+
+Run op by op, the [rows, keys] tensors dP and dS go through HBM twice each and P once more
+for Pᵀ. The fuse pass groups the pattern (`match`, from the node dS = P * (dP - D)) and this
+kernel runs it per head, per 128-row query block, with a block's keys all at once
+(FlashAttention-2's backward with the key loop inside, as far as PSUM holds a block's dP and
+a head's dK and dV: 1536 keys at a head size of 64, `psum_banks`):
+- D on VectorE (a product and a row sum); dOᵀ transposed on TensorE; dP = dOᵀ.T Vᵀ in
+  [rows, 512] PSUM banks; dS = (dP - D) on ScalarE as dP leaves PSUM, times P on VectorE;
+- dV += P[:, keys].T dO and dK += dS[:, keys].T Q for every 128-key tile: P and dS are
+  already [rows, keys], the contraction (the query rows) on partitions, so they are the
+  stationary operands as they are, and the sums over the query blocks build up in PSUM;
+- dQ = dS K needs the keys on partitions: dS is transposed 128 keys at a time on TensorE and
+  the products accumulate in PSUM.
+dQ leaves PSUM scaled and goes out per block, dK and dV once per head. Block i's dK, dSᵀ and
+dQ are issued after block i + 1's dOᵀ, dP and dV, so that TensorE does not wait for the
+Vector/Scalar work on dS. The scores' mask needs nothing here: masked keys have P = 0, hence
+dS = 0. The kernel reads and writes each tensor once: GPT-2's block at 512 (12 heads of 64),
+the backward 1604 -> 1302 us, its attention part 473 -> 199 us and 85 -> 25 MB.
+
+The pattern is the one PyTorch's SDPA backward gives (math and flash forms decompose to it).
+Softmax written out in a model gives softmax's own backward, dS = P dP - P rowsum(P dP), and
+often dKᵀ = Qᵀ dS: that form is not matched, and runs as separate kernels.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from neuroncc.codegen import isa
+from neuroncc.codegen.builder import ALIGN, TilePool
+from neuroncc.codegen.emit import EmitCtx, P
+from neuroncc.codegen.pe_transpose import PeTransposer
+from neuroncc.codegen.targets import Target
+from neuroncc.codegen.views import View, strided_view
+from neuroncc.ir.graph import Graph, Node, Value
+from neuroncc.ir.ops import Op
+from neuroncc.ir.types import DType
+
+SBUF_SHARE = 0.85  # of a partition, for the whole kernel
+
+
+@dataclass(frozen=True)
+class Gradient:
+    """One of dQ, dK, dV: its matmul, the value the kernel stores (the matmul's result or its
+    reshape / constant multiple) and that constant."""
+
+    matmul: Node
+    out: Value
+    scale: float
+
+
+@dataclass(frozen=True)
+class BackwardPlan:
+    p: Value  # the softmax probabilities [B.., M, N] (saved by the forward)
+    d_out: Value  # dO [B.., M, D]
+    o: Value  # the forward's output O [B.., M, D]
+    v_t: Value  # Vᵀ [B.., D, N]
+    k: Value  # K [B.., N, D]
+    q: Value  # Q [B.., M, D]
+    dq: Gradient
+    dk: Gradient
+    dv: Gradient
+    members: frozenset[int]  # the nodes of the kernel
+    batch: int
+    m: int
+    n: int
+    d: int
+    dp_sets: int = 2  # blocks whose dP are in PSUM at once
+    kv_sets: int = 2  # heads whose dK and dV accumulators are in PSUM at once
+
+    @property
+    def key_tiles(self) -> list[tuple[int, int]]:
+        return [(k0, min(P, self.n - k0)) for k0 in range(0, self.n, P)]
+
+    def dp_chunks(self, t: Target) -> list[tuple[int, int]]:
+        """dP's [rows, <= 512] PSUM banks of a block."""
+        w = t.pe_moving_fmax
+        return [(c0, min(w, self.n - c0)) for c0 in range(0, self.n, w)]
+
+    def kv_slot(self) -> int:
+        """PSUM bytes per partition of a [keys, D] dK or dV accumulator: a power of two, so
+        that none straddles two banks."""
+        return max(64, 1 << (4 * self.d - 1).bit_length())
+
+    def kv_banks(self, t: Target) -> int:
+        """PSUM banks of one head's dK and dV."""
+        return math.ceil(2 * len(self.key_tiles) * self.kv_slot() / t.psum_bank_bytes)
+
+    def psum_banks(self, t: Target) -> int:
+        """dP's, dK's and dV's, one for dQ, one for the transposes."""
+        return self.dp_sets * len(self.dp_chunks(t)) + self.kv_sets * self.kv_banks(t) + 2
+
+    def pools(self) -> dict[str, tuple[int, int]]:
+        """The kernel's SBUF pools: name -> (bytes per partition of a slot, slots)."""
+        it = self.p.type.dtype.itemsize
+        kt, d, n = len(self.key_tiles), self.d, self.n
+        return {
+            "k": (d * it, 2 * kt),  # two heads' K tiles, so the next head's load overlaps
+            "vt": (n * it, 2),
+            "rows": (d * it, 12),  # dO, O, Q blocks: two steps in flight, and one loading
+            "prod": (d * 4, 2),
+            "d": (4, 4),
+            "p": (n * it, 3),
+            "ds": (n * it, 3),
+            "do_t": (P * it, 2),
+            "ds_t": (P * it, 2 * kt),
+            "dq": (d * it, 2),
+            "dkv": (d * it, 4 * kt),
+        }
+
+    def sbuf_bytes(self) -> int:
+        rounded = sum(-(-slot // ALIGN) * ALIGN * bufs for slot, bufs in self.pools().values())
+        return rounded + 2 * P * (self.p.type.dtype.itemsize + 4)  # the transposes' identity
+
+
+def _source(v: Value, producers: dict[int, Node]) -> Value:
+    """v under the reshapes that keep its matrices (the last two axes): the same data."""
+    while v.id in producers and producers[v.id].op is Op.RESHAPE:
+        x = producers[v.id].inputs[0]
+        if x.type.shape[-2:] != v.type.shape[-2:]:
+            break
+        v = x
+    return v
+
+
+def _swaps_last_two(n: Node) -> bool:
+    perm = tuple(n.attr("perm"))
+    r = len(perm)
+    return r >= 2 and perm == (*range(r - 2), r - 1, r - 2)
+
+
+class _Matcher:
+    """The pattern's nodes as `match` finds them: `members`, the nodes the kernel computes
+    (and the reshapes and transposes between them), and `views`, the reshapes from which it
+    reads its inputs' data, in the kernel where only the kernel reads them."""
+
+    def __init__(self, producers: dict[int, Node], users: dict, outputs: set[int]) -> None:
+        self.producers, self.users, self.outputs = producers, users, outputs
+        self.members: set[int] = set()
+        self.views: set[int] = set()
+
+    def src(self, v: Value) -> Value:
+        """v's source (`_source`); the reshapes walked through are views."""
+        s = _source(v, self.producers)
+        while v.id != s.id:
+            self.views.add(v.id)
+            v = self.producers[v.id].inputs[0]
+        return s
+
+    def made_by(self, v: Value, op: Op) -> Node | None:
+        """v's producer (a member), if it is an `op`."""
+        n = self.producers.get(v.id)
+        if n is None or n.op is not op:
+            return None
+        self.members.add(v.id)
+        return n
+
+    def readers(self, v: Value) -> list[tuple[Node, Value]]:
+        """Who reads v's data, through reshapes (members): (reader, the value it reads)."""
+        found = []
+        for u in self.users[v.id]:
+            if u.op is Op.RESHAPE and u.out.type.shape[-2:] == v.type.shape[-2:]:
+                self.members.add(u.out.id)
+                found += self.readers(u.out)
+            else:
+                found.append((u, v))
+        return found
+
+    def gradient(self, mm: Node) -> Gradient:
+        """mm and what the kernel stores of it: its reshapes and one constant multiple, where
+        each is the only reader of the value before."""
+        self.members.add(mm.out.id)
+        v, scale = mm.out, 1.0
+        while len(self.users[v.id]) == 1 and v.id not in self.outputs:
+            (u,) = self.users[v.id]
+            if u.op is Op.MUL and scale == 1.0 and u.out.type == v.type:
+                other = u.inputs[1] if u.inputs[0].id == v.id else u.inputs[0]
+                c = self.producers.get(other.id)
+                if c is None or c.op is not Op.FULL or other.type != v.type or other.id == v.id:
+                    break
+                scale = float(c.attr("value"))
+                self.views.add(other.id)  # the constant: in the kernel if only it reads it
+            elif u.op is not Op.RESHAPE:
+                break
+            v = u.out
+            self.members.add(v.id)
+        return Gradient(mm, v, scale)
+
+    def closed(self, stored: set[int]) -> set[int] | None:
+        """The kernel's nodes: the members, and the views only the kernel reads; None if a
+        member's value other than `stored` is read outside."""
+        members = set(self.members)
+        grown = True
+        while grown:
+            new = {
+                vid
+                for vid in self.views - members
+                if vid not in self.outputs and all(u.out.id in members for u in self.users[vid])
+            }
+            members |= new
+            grown = bool(new)
+        for vid in members - stored:
+            if vid in self.outputs or any(u.out.id not in members for u in self.users[vid]):
+                return None
+        return members
+
+
+def match(
+    ds: Node, producers: dict[int, Node], users: dict, outputs: set[int], t: Target
+) -> BackwardPlan | None:
+    """The attention backward whose dS = P * (dP - D) is `ds` (Note [attention backward]), or
+    None: the nodes must have that form, only dQ, dK and dV may be read outside, and the
+    kernel must fit SBUF and PSUM. `producers`, `users` and `outputs` are the graph's."""
+    if ds.op is not Op.MUL or not t.pe_exact_transpose or not ds.out.type.dtype.is_float:
+        return None
+    mt = _Matcher(producers, users, outputs)
+    sides = [x for x in (ds.inputs, ds.inputs[::-1]) if _made_by(x[1], Op.SUB, producers)]
+    if not sides:
+        return None
+    p_side, sub_side = sides[0]
+    mt.members.add(ds.out.id)
+    sub = mt.made_by(mt.src(sub_side), Op.SUB)
+    p = mt.src(p_side)
+    dp = mt.made_by(mt.src(sub.inputs[0]), Op.MATMUL)
+    bcast = mt.made_by(sub.inputs[1], Op.BROADCAST)
+    if dp is None or bcast is None:
+        return None
+    row = bcast.inputs[0]  # D, through a keepdim reshape ([.., M] -> [.., M, 1])
+    if producers.get(row.id) is not None and producers[row.id].op is Op.RESHAPE:
+        mt.members.add(row.id)
+        row = producers[row.id].inputs[0]
+    rsum = mt.made_by(row, Op.REDUCE_SUM)
+    if rsum is None or tuple(rsum.attr("axes")) not in ((rsum.inputs[0].type.rank - 1,), (-1,)):
+        return None
+    prod = mt.made_by(rsum.inputs[0], Op.MUL)
+    if prod is None:
+        return None
+    d_out, v_t = mt.src(dp.inputs[0]), mt.src(dp.inputs[1])
+    pair = [mt.src(x) for x in prod.inputs]
+    if d_out.id not in (pair[0].id, pair[1].id):
+        return None
+    o = pair[1] if pair[0].id == d_out.id else pair[0]
+    # dS's readers: dQ = dS K, and dSᵀ for dK = dSᵀ Q
+    dq = dk = None
+    for u, via in mt.readers(ds.out):
+        if u.op is Op.MATMUL and u.inputs[0].id == via.id and dq is None:
+            dq = u
+        elif u.op is Op.TRANSPOSE and _swaps_last_two(u) and dk is None:
+            mt.members.add(u.out.id)
+            dk = next((x for x, xv in mt.readers(u.out) if x.op is Op.MATMUL), None)
+            if dk is None or dk.inputs[0].id not in mt.members | {u.out.id}:
+                return None
+        else:
+            return None
+    # P's other reader: Pᵀ for dV = Pᵀ dO
+    dv = None
+    for u, _ in _data_readers(p, mt):
+        if u.op is Op.TRANSPOSE and _swaps_last_two(u) and dv is None:
+            for x, xv in _data_readers(u.out, mt):
+                reads_do = _source(x.inputs[1], producers).id == d_out.id
+                if x.op is Op.MATMUL and x.inputs[0].id == xv.id and reads_do:
+                    mt.src(u.inputs[0])
+                    mt.members.add(u.out.id)
+                    mt.readers(u.out)  # its reshapes: members
+                    dv = x
+    if dq is None or dk is None or dv is None:
+        return None
+    k, q = mt.src(dq.inputs[1]), mt.src(dk.inputs[1])
+    mt.src(dv.inputs[1])
+    grads = [mt.gradient(x) for x in (dq, dk, dv)]
+    *batch, m, n = p.type.shape
+    d = d_out.type.shape[-1]
+    shapes = {p.id: (m, n), d_out.id: (m, d), o.id: (m, d), v_t.id: (d, n), k.id: (n, d)}
+    shapes[q.id] = (m, d)
+    b, dtype = math.prod(batch), p.type.dtype
+    for x in (p, d_out, o, v_t, k, q):
+        if x.type.shape[-2:] != shapes[x.id] or x.type.numel != b * math.prod(shapes[x.id]):
+            return None
+        if x.type.dtype != dtype or x.id in mt.members:
+            return None
+    if dtype not in (DType.F32, DType.BF16) or min(b, m, n, d) == 0 or d > P:
+        return None
+    if any(x.out.type.dtype != dtype for x in (dp, dq, dk, dv, ds, sub)):
+        return None
+    if not all(map(_elementwise, (ds, sub, prod))) or not all(map(_plain, (dp, dq, dk, dv))):
+        return None
+    if bcast.inputs[0].type.shape[-2:] != (m, 1) or row.type.numel != b * m:
+        return None
+    members = mt.closed({gr.out.id for gr in grads})
+    if members is None:
+        return None
+    base = BackwardPlan(p, d_out, o, v_t, k, q, *grads, frozenset(members), b, m, n, d)
+    if base.sbuf_bytes() > SBUF_SHARE * t.sbuf_partition_bytes:
+        return None
+    banks = t.psum_partition_bytes // t.psum_bank_bytes
+    for dp_sets, kv_sets in ((2, 2), (1, 2), (1, 1)):  # overlap where PSUM allows
+        bp = replace(base, dp_sets=dp_sets, kv_sets=kv_sets)
+        if bp.psum_banks(t) <= banks:
+            return bp
+    return None
+
+
+def _elementwise(n: Node) -> bool:
+    """n's operands have its shape (sub's second is D broadcast), no implicit broadcasting."""
+    return all(x.type.shape == n.out.type.shape for x in n.inputs)
+
+
+def _plain(n: Node) -> bool:
+    """A matmul without batch broadcasting: its operands have its batch axes."""
+    return all(x.type.shape[:-2] == n.out.type.shape[:-2] for x in n.inputs)
+
+
+def _made_by(v: Value, op: Op, producers: dict[int, Node]) -> bool:
+    n = producers.get(_source(v, producers).id)
+    return n is not None and n.op is op
+
+
+def _data_readers(v: Value, mt: _Matcher) -> list[tuple[Node, Value]]:
+    """Who reads v's data through reshapes, without taking anything in."""
+    found = []
+    for u in mt.users[v.id]:
+        if u.op is Op.RESHAPE and u.out.type.shape[-2:] == v.type.shape[-2:]:
+            found += _data_readers(u.out, mt)
+        else:
+            found.append((u, v))
+    return found
+
+
+def backward_plans(g: Graph, t: Target) -> dict[int, BackwardPlan]:
+    """For each fused kernel of g that is an attention backward (the fuse pass's
+    `match`): its first node's id -> its plan."""
+    plans = {}
+    producers, users, outputs = g.producers(), g.users(), {v.id for v in g.outputs}
+    for group in g.kernel_groups():
+        if sum(n.op is Op.MATMUL for n in group) != 4:
+            continue
+        ids = {n.out.id for n in group}
+        for n in group:
+            bp = match(n, producers, users, outputs, t) if n.op is Op.MUL else None
+            if bp is not None and bp.members == ids:
+                plans[group[0].out.id] = bp
+                break
+    return plans
+
+
+def emit_attention_backward(ctx: EmitCtx, bp: BackwardPlan) -> None:
+    """Note [attention backward]."""
+    b, t = ctx.b, ctx.target
+    dt, d, n, m = bp.p.type.dtype, bp.d, bp.n, bp.m
+    producers, in_kernels = ctx.graph.producers(), ctx.graph.kernel_of()
+    views = {  # in their buffers, or read in place where they have none (a folded view)
+        x.id: View.of(x) if x.id in ctx.loc else strided_view(x, producers, in_kernels)[0]
+        for x in (bp.p, bp.d_out, bp.o, bp.v_t, bp.k, bp.q)
+    }
+    outs = {gr.out.id: ctx.alloc(gr.out) for gr in (bp.dq, bp.dk, bp.dv)}
+
+    def load(dst: isa.TileRef, x: Value, bi: int, r0: int, rows: int) -> None:
+        """Rows r0.. of matrix bi of x into dst."""
+        v: View = views[x.id]
+        off = v.batch_offset(bi) + r0 * v.strides[-2]
+        pattern = ((v.strides[-2], rows), (v.strides[-1], dst.free_elems))
+        b.dma(dst, isa.DramRef(ctx.buf(v.base), off, dt, pattern))
+
+    def store(gr: Gradient, bi: int, r0: int, src: isa.TileRef) -> None:
+        rows, cols = src.np, src.free_elems
+        off = (bi * gr.matmul.out.type.shape[-2] + r0) * cols
+        b.dma(isa.DramRef(outs[gr.out.id], off, dt, ((cols, rows), (1, cols))), src)
+
+    pools = {name: b.sbuf_pool(slot, bufs) for name, (slot, bufs) in bp.pools().items()}
+    transpose = PeTransposer(ctx, dt, engine="act")
+    chunks = bp.dp_chunks(t)
+    dp_psum = b.psum_pool(bufs=bp.dp_sets * len(chunks))
+    kv_banks = b.psum_pool(bufs=bp.kv_sets * bp.kv_banks(t))
+    kv_slots = kv_banks.bufs * t.psum_bank_bytes // bp.kv_slot()
+    kv_psum = TilePool("psum", kv_banks.base, bp.kv_slot(), bufs=kv_slots)
+    dq_bank = b.psum_pool(bufs=1)
+    dq_slot = -(-d * 4 // 64) * 64
+    dq_psum = TilePool("psum", dq_bank.base, dq_slot, bufs=t.psum_bank_bytes // dq_slot)
+    kts = bp.key_tiles
+    blocks = [(bi, r0, min(P, m - r0)) for bi in range(bp.batch) for r0 in range(0, m, P)]
+
+    heads: dict[int, tuple[list[isa.TileRef], isa.TileRef, list[isa.TileRef]]] = {}
+
+    def head(bi: int) -> tuple[list[isa.TileRef], isa.TileRef, list[isa.TileRef]]:
+        """K's key tiles, Vᵀ and the PSUM accumulators of dK and dV (in that order) of head
+        bi."""
+        if bi not in heads:
+            heads.pop(bi - 2, None)
+            ks = []
+            for k0, kw in kts:
+                kt = pools["k"].tile(kw, (d,), dt)
+                load(kt, bp.k, bi, k0, kw)
+                ks.append(kt)
+            vt = pools["vt"].tile(d, (n,), dt)
+            load(vt, bp.v_t, bi, 0, d)
+            accs = [kv_psum.tile(kw, (d,), DType.F32) for _ in range(2) for _, kw in kts]
+            heads[bi] = (ks, vt, accs)
+        return heads[bi]
+
+    def dk_dv(bi: int, j: int) -> tuple[isa.TileRef, isa.TileRef]:
+        accs = heads[bi][2]
+        return accs[j], accs[len(kts) + j]
+
+    state: dict[tuple[int, int, int], dict[str, isa.TileRef]] = {}
+
+    def first_half(blk: tuple[int, int, int]) -> None:
+        """Loads, D, dOᵀ, dP, dV += Pᵀ dO and dS."""
+        bi, r0, rp = blk
+        vt = head(bi)[1]
+        s = state[blk] = {}
+        for name, x in (("do", bp.d_out), ("o", bp.o), ("q", bp.q)):
+            s[name] = pools["rows"].tile(rp, (d,), dt)
+            load(s[name], x, bi, r0, rp)
+        s["p"] = pools["p"].tile(rp, (n,), dt)
+        load(s["p"], bp.p, bi, r0, rp)
+        prod = pools["prod"].tile(rp, (d,), DType.F32)
+        b.emit(isa.TensorTensor("dve", op="mul", dst=prod, a=s["do"], b=s["o"]))
+        row = pools["d"].tile(rp, (1,), DType.F32)
+        b.emit(isa.TensorReduce("dve", op="sum", dst=row, src=prod))
+        do_t = pools["do_t"].tile(d, (rp,), dt)
+        transpose(do_t, s["do"])
+        dps = [dp_psum.tile(rp, (w,), DType.F32) for _, w in chunks]
+        for (c0, w), dp in zip(chunks, dps, strict=True):
+            mv = vt.cols(c0, w)
+            b.emit(isa.Matmul("pe", dst=dp, stationary=do_t, moving=mv, accumulate=False))
+        first = r0 == 0
+        for j, (k0, kw) in enumerate(kts):
+            st, acc = s["p"].cols(k0, kw), dk_dv(bi, j)[1]
+            b.emit(isa.Matmul("pe", dst=acc, stationary=st, moving=s["do"], accumulate=not first))
+        s["ds"] = ds = pools["ds"].tile(rp, (n,), dt)
+        for (c0, w), dp in zip(chunks, dps, strict=True):
+            b.emit(isa.TensorTensor("act", op="sub", dst=ds.cols(c0, w), a=dp, b=row))
+        b.emit(isa.TensorTensor("dve", op="mul", dst=ds, a=ds, b=s["p"]))
+
+    def second_half(blk: tuple[int, int, int]) -> None:
+        """dK += dSᵀ Q, dSᵀ, dQ = dS K out; at a head's last block, dK and dV out."""
+        bi, r0, rp = blk
+        ks = heads[bi][0]
+        s = state.pop(blk)
+        first = r0 == 0
+        for j, (k0, kw) in enumerate(kts):
+            st, acc = s["ds"].cols(k0, kw), dk_dv(bi, j)[0]
+            b.emit(isa.Matmul("pe", dst=acc, stationary=st, moving=s["q"], accumulate=not first))
+        dq = dq_psum.tile(rp, (d,), DType.F32)
+        for j, (k0, kw) in enumerate(kts):
+            ds_t = pools["ds_t"].tile(kw, (rp,), dt)
+            transpose(ds_t, s["ds"].cols(k0, kw))
+            b.emit(isa.Matmul("pe", dst=dq, stationary=ds_t, moving=ks[j], accumulate=j > 0))
+        out = pools["dq"].tile(rp, (d,), dt)
+        b.emit(isa.Activation("act", func="copy", dst=out, src=dq, scale=bp.dq.scale))
+        store(bp.dq, bi, r0, out)
+        if r0 + rp < m:
+            return
+        for j, (k0, kw) in enumerate(kts):
+            for gr, acc, engine in zip((bp.dk, bp.dv), dk_dv(bi, j), ("dve", "act")):
+                out = pools["dkv"].tile(kw, (d,), dt)
+                if engine == "act":
+                    b.emit(isa.Activation("act", func="copy", dst=out, src=acc, scale=gr.scale))
+                else:
+                    b.emit(isa.TensorScalar("dve", op="mul", dst=out, src=acc, scalar=gr.scale))
+                store(gr, bi, k0, out)
+
+    # TensorE's second half of a block after the next block's first half, except where the
+    # next block starts a head whose dK and dV take the PSUM of the last head's (kv_sets 1)
+    behind = None
+    for blk in blocks:
+        if behind is not None and bp.kv_sets == 1 and blk[0] != behind[0]:
+            second_half(behind)
+            behind = None
+        first_half(blk)
+        if behind is not None:
+            second_half(behind)
+        behind = blk
+    second_half(behind)
