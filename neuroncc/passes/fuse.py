@@ -21,7 +21,7 @@ from typing import ClassVar
 
 from neuroncc.codegen.attention_backward import match
 from neuroncc.codegen.attention_planner import attention_plan
-from neuroncc.codegen.row_plan import epilogue_plan, fusible, plan, uses_result
+from neuroncc.codegen.row_plan import REDUCE_OPS, epilogue_plan, fusible, plan, uses_result
 from neuroncc.ir.graph import Graph, Node
 from neuroncc.ir.ops import Op
 from neuroncc.passes.manager import PassContext, register_pass
@@ -90,7 +90,19 @@ def _epilogues_together(nodes: list[Node], grouped: dict) -> list[Node]:
     that only the epilogue reads stay with it: they say how it reads its inputs (a bias, or a
     row value broadcast over the product); the next matmul's W^T moves ahead. Legal: nothing
     moved ahead reads what stays behind; each part keeps its order. Attention kernels
-    (`grouped` already) are left alone, and end the window."""
+    (`grouped` already) are left alone, and end the window. Repeated until nothing moves: an
+    epilogue two matmuls on (a GELU backward after the weight gradient and a bias gradient's
+    column sums) comes back one window per round."""
+    out = list(nodes)
+    while True:
+        moved = _epilogues_closer(out, grouped)
+        if [n.out.id for n in moved] == [n.out.id for n in out]:
+            return out
+        out = moved
+
+
+def _epilogues_closer(nodes: list[Node], grouped: dict) -> list[Node]:
+    """One round of _epilogues_together."""
     out = list(nodes)
     i = 0
     while i < len(out):
@@ -117,12 +129,19 @@ def _epilogues_together(nodes: list[Node], grouped: dict) -> list[Node]:
         stays = set(dep)
         for n in reversed(window):
             read_by = readers.get(n.out.id)
-            if n.op in _IN_PLACE_OPS and read_by and all(r in stays for r in read_by):
+            if _epilogue_input(n) and read_by and all(r in stays for r in read_by):
                 stays.add(n.out.id)
         ahead = [n for n in window if n.out.id not in stays]
         out[i:j] = [*ahead, out[i], *(n for n in window if n.out.id in stays)]
         i = j
     return out
+
+
+def _epilogue_input(n: Node) -> bool:
+    """n may stay with the epilogue that alone reads it: a view or constant, or an elementwise
+    op, which the epilogue computes as well from its inputs (a GELU's derivative at x, which
+    the GELU backward multiplies the product by)."""
+    return n.op in _IN_PLACE_OPS or (fusible(n) and n.op not in REDUCE_OPS)
 
 
 def _attention_groups(

@@ -173,6 +173,45 @@ def test_work_between_a_matmul_and_its_epilogue_moves_ahead_golden():
     _check(g)
 
 
+# An MLP backward: g = dY W2 (%3), then the weight gradient (%5) and the bias gradient's
+# column sums (%9), then the GELU backward g * gelu'(x) (%6..%8), which needs only g and the
+# saved x: it comes two matmuls after g.
+GELU_BACKWARD = """graph @main(%0: f32[64,32], %1: f32[32,96], %2: f32[64,96], %10: f32[32,64], %12: f32[1,64]) {
+  %3 = matmul %0, %1 : f32[64,96]
+  %5 = matmul %10, %2 : f32[32,96]
+  %9 = matmul %12, %0 : f32[1,32]
+  %6 = erf %2 : f32[64,96]
+  %7 = exp %2 : f32[64,96]
+  %11 = add %6, %7 : f32[64,96]
+  %8 = mul %3, %11 : f32[64,96]
+  return %8, %5, %9
+}
+"""
+
+# The epilogue comes back to g one window per round; gelu'(x), made from x alone, stays with
+# it: the product is multiplied by it as it leaves PSUM, instead of gelu'(x) going through
+# HBM from a kernel of its own.
+GELU_BACKWARD_FUSED = """graph @main(%0: f32[64,32], %1: f32[32,96], %2: f32[64,96], %10: f32[32,64], %12: f32[1,64]) {
+  fuse {
+    %3 = matmul %0, %1 : f32[64,96]
+    %6 = erf %2 : f32[64,96]
+    %7 = exp %2 : f32[64,96]
+    %11 = add %6, %7 : f32[64,96]
+    %8 = mul %3, %11 : f32[64,96]
+  }
+  %5 = matmul %10, %2 : f32[32,96]
+  %9 = matmul %12, %0 : f32[1,32]
+  return %8, %5, %9
+}
+"""
+
+
+def test_an_epilogue_comes_back_past_other_matmuls_with_its_inputs_golden():
+    g = parse(GELU_BACKWARD)
+    assert print_graph(Fuse().run(g, CTX)) == GELU_BACKWARD_FUSED
+    _check(g)
+
+
 @pytest.mark.parametrize("laid_out", [False, True])
 def test_a_fused_gate_and_up_projection_reads_its_weight_in_place(laid_out, fresh):
     """SwiGLU from one projection chunked in two (Phi-3's gate_up_proj): two matmuls reading
