@@ -69,6 +69,8 @@ class EmitCtx:
         self.views: dict = {}
         # (concat id, input position) -> views.ConcatSource (Note [concat in place])
         self.concat_sources: dict = {}
+        # slice or DMA transpose id -> the views.View it copies (Note [copies in place])
+        self.copy_sources: dict = {}
 
     def alloc(self, v: Value) -> str:
         """v's HBM buffer: where the plan pass placed it (the arena), else after the others."""

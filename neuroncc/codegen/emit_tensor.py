@@ -142,8 +142,25 @@ def emit_transpose(ctx: EmitCtx, n: Node) -> None:
         emit_transpose_dma(ctx, n)
 
 
+def _copy_in_place(ctx: EmitCtx, n: Node) -> bool:
+    """n copied from where its chain of views starts (Note [copies in place]), if it is."""
+    view = ctx.copy_sources.get(n.out.id)
+    if view is None:
+        return False
+    shape = n.out.type.shape
+    out = ctx.alloc(n.out)
+    src = ctx.buf(view.base)
+    dtype = n.out.type.dtype
+    copy_pattern(
+        ctx, out, 0, contiguous_strides(shape), src, view.offset, view.strides, shape, dtype
+    )
+    return True
+
+
 def emit_transpose_dma(ctx: EmitCtx, n: Node) -> None:
     """layout=dma: one HBM -> HBM copy with the permuted access pattern."""
+    if _copy_in_place(ctx, n):
+        return
     x = n.inputs[0]
     perm = n.attr("perm")
     in_strides = contiguous_strides(x.type.shape)
@@ -169,6 +186,8 @@ def emit_broadcast(ctx: EmitCtx, n: Node) -> None:
 
 @register(Op.SLICE)
 def emit_slice(ctx: EmitCtx, n: Node) -> None:
+    if _copy_in_place(ctx, n):
+        return
     x = n.inputs[0]
     in_strides = contiguous_strides(x.type.shape)
     offset = sum(lo * s for lo, s in zip(n.attr("starts"), in_strides, strict=True))

@@ -22,6 +22,7 @@ from neuroncc.codegen.targets import Target
 from neuroncc.codegen.views import (
     cols_read_in_place,
     concat_sources,
+    copy_sources,
     merged_heads,
     rows_read_in_place,
 )
@@ -62,6 +63,13 @@ def _emit(g: Graph, target: Target, stream_bytes: int) -> Executable:
     skipped = skipped | {vid for merge in ctx.merged_heads.values() for vid in merge.nodes}
     ctx.concat_sources, copied = concat_sources(
         g, lambda n: transpose_layout(g, n, target) == "dma"
+    )
+    skipped |= copied
+    ctx.copy_sources, copied = copy_sources(
+        g,
+        lambda n: transpose_layout(g, n, target) == "dma",
+        {*ctx.row_slices, *ctx.col_slices},
+        skipped,
     )
     skipped |= copied
     i = 0

@@ -274,6 +274,42 @@ def concat_sources(
     return sources, unread_chain_nodes(chains, outputs, users, in_place)
 
 
+def copy_sources(
+    g: Graph, on_dma: Callable[[Node], bool], exclude: Container[int], skipped: set[int]
+) -> tuple[dict[int, View], set[int]]:
+    """Note [copies in place]: a slice, or a transpose that runs as a DMA, of a value that
+    other slices and transposes (and reshapes) make copies straight from where that chain
+    starts, with the chain's strides: one copy where there was one per view. A training
+    forward saves Q and K per head for its backward, each a slice of the QKV projection and
+    then a head split: two copies of each become one. As in concat_sources, a chain through
+    a transpose on TensorE is left alone; `exclude`: slices read in place by matmuls;
+    `skipped`: nodes not emitted already (views other kernels read in place). Returns copy
+    id -> the view it reads, and the ids of the chain nodes nothing else reads, which are
+    not emitted."""
+    producers, users = g.producers(), g.users()
+    outputs, in_kernels = {v.id for v in g.outputs}, g.kernel_of()
+    sources: dict[int, View] = {}
+    chains: set[int] = set()
+    for n in g.nodes:
+        if n.out.id in in_kernels or n.out.id in exclude:
+            continue
+        if n.op is not Op.SLICE and not (n.op is Op.TRANSPOSE and on_dma(n)):
+            continue
+        view, chain = strided_view(n.out, producers, in_kernels)
+        walked = [producers[vid] for vid in chain[1:]]
+        if not any(m.op is not Op.RESHAPE for m in walked) or any(
+            m.op is Op.TRANSPOSE and not on_dma(m) for m in walked
+        ):
+            continue
+        sources[n.out.id] = view
+        chains.update(chain[1:])
+
+    def in_place(u: Node, vid: int) -> bool:
+        return u.out.id in sources or u.out.id in skipped
+
+    return sources, unread_chain_nodes(chains, outputs, users, in_place)
+
+
 def unread_chain_nodes(
     chains: set[int], outputs: set[int], users: dict, in_place: Callable[[Node, int], bool]
 ) -> set[int]:

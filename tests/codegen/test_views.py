@@ -158,3 +158,43 @@ def test_a_backward_puts_dq_dk_dv_back_into_rows_in_one_copy():
     xs = [np.random.default_rng(i).standard_normal((1, 4, 32, 16), np.float32) for i in range(3)]
     want = np.concatenate([x.transpose(0, 2, 1, 3).reshape(1, 32, 64) for x in xs], axis=2)
     np.testing.assert_array_equal(run(exe, xs, TRN2)[0], want)
+
+
+@given(chains())
+def test_a_copy_reads_through_the_views_before_it(chain):
+    """Note [copies in place]: a chain of views ending in a slice or a DMA transpose (a graph
+    output, so it is made) is made by one copy from where the chain starts."""
+    shape, ops = chain
+    b = GraphBuilder()
+    x = b.input(TensorType(shape, DType.F32))
+    v = x
+    for kind, arg in ops:
+        if kind == "transpose":
+            v = b.op(Op.TRANSPOSE, v, perm=list(arg))
+        elif kind == "slice":
+            starts, stops, steps = arg
+            v = b.op(Op.SLICE, v, starts=list(starts), stops=list(stops), steps=list(steps))
+        else:
+            v = b.op(Op.RESHAPE, v, shape=list(arg))
+    if v == x:
+        return
+    g = b.build([v])
+    data = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    want = data
+    for kind, arg in ops:
+        if kind == "transpose":
+            want = want.transpose(arg)
+        elif kind == "slice":
+            want = want[tuple(slice(a, z, s) for a, z, s in zip(*arg, strict=True))]
+        else:
+            want = want.reshape(arg)
+    exe = emit_graph(g, TRN2)
+    np.testing.assert_array_equal(run(exe, [data], TRN2)[0], want)
+    if any(n.op is Op.TRANSPOSE and transpose_layout(g, n, TRN2) == "pe" for n in g.nodes):
+        return  # a transpose on TensorE stays a kernel of its own
+    if strided_view(v, g.producers())[0].base != x:
+        return  # a reshape the strides cannot express: the copy before it is made
+    copies = [
+        k for k in exe.kernels if k.stop > k.start and k.name.startswith(("transpose.", "slice."))
+    ]
+    assert len(copies) <= 1, [k.name for k in exe.kernels]
