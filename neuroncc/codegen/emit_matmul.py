@@ -47,6 +47,7 @@ from neuroncc.ir.types import DType, TensorType, contiguous_strides
 SBUF_SHARE = 0.7  # of a partition, for A^T of one M block
 A_CHUNK_TILES = 8  # 128-column tiles of A per load
 TRANSPOSE_RUN_BYTES = 2048  # contiguous bytes per partition row in a transpose's DMAs
+O_BUFS = 4  # result tiles out of PSUM at once
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,7 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
     b_pool = b.sbuf_pool(tn * nf * dt.itemsize, bufs=3)
     # B = W^T: W's rows for one B tile, [128, 128] at a time, each transposed into it
     w_pool = b.sbuf_pool(P * dt.itemsize, bufs=2 * tn * nf // P) if w_buf is not None else None
-    o_pool = b.sbuf_pool(nf * odt.itemsize, bufs=4)
+    o_pool = b.sbuf_pool(nf * odt.itemsize, bufs=O_BUFS)
     acc = b.psum_pool(bufs=tm * tn)
     blocks = [
         (bi, [(r, min(P, m - r)) for r in range(m0, min(m, m0 + tm * P), P)])
@@ -268,15 +269,22 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
                 rebuild(blocks[bnum + 1], ki)
         if si + 1 < len(steps):
             first_b = load_b(steps[si + 1], 0)
-        for (j, c), tile in ps.items():
-            r0, mt = mrows[j]
-            c0, w = cols[c]
-            ot = o_pool.tile(mt, (w,), odt)
-            engine = "act" if (j + c) % 2 else "dve"  # spread the PSUM evacuations
-            b.emit(isa.TensorCopy(engine, dst=ot, src=tile))
-            if out is not None:
-                b.dma(rect(out, odt, o_off + r0 * nn + c0, nn, mt, w), ot)
-            if epi is not None:
+        # The step's results leave PSUM before its epilogue runs on them (as many at a time
+        # as o_pool holds), so that the next step's matmuls, which take the same banks,
+        # wait for the copies, not for the epilogue too.
+        tiles = list(ps.items())
+        for g0 in range(0, len(tiles), O_BUFS):
+            copied = []
+            for (j, c), tile in tiles[g0 : g0 + O_BUFS]:
+                r0, mt = mrows[j]
+                c0, w = cols[c]
+                ot = o_pool.tile(mt, (w,), odt)
+                engine = "act" if (j + c) % 2 else "dve"  # spread the PSUM evacuations
+                b.emit(isa.TensorCopy(engine, dst=ot, src=tile))
+                if out is not None:
+                    b.dma(rect(out, odt, o_off + r0 * nn + c0, nn, mt, w), ot)
+                copied.append((r0, mt, c0, w, ot))
+            for r0, mt, c0, w, ot in copied if epi is not None else ():
                 epi.step(bi * m + r0, mt, c0, w, {n.out.id: ot})
 
 

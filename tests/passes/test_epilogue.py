@@ -9,11 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import neuroncc
+from neuroncc.codegen.emit_matmul import O_BUFS
 from neuroncc.codegen.lower import emit_graph
 from neuroncc.codegen.targets import TRN2
 from neuroncc.ir import DType, GraphBuilder, Op, TensorType, interpret, parse, print_graph
 from neuroncc.passes.fuse import Fuse
 from neuroncc.passes.manager import PassContext
+from neuroncc.passes.tile import Tile
 from neuroncc.runtime.simulator import run
 from neuroncc.runtime.stats import STATS
 from neuroncc.runtime.timing import time_executable
@@ -236,3 +238,21 @@ def test_a_fused_gate_and_up_projection_reads_its_weight_in_place(laid_out, fres
     kernels = [k.name for k in c.exe.kernels if k.stop > k.start]
     assert not [k for k in kernels if k.startswith("slice.")], kernels
     assert [k.split(".")[0] for k in kernels] == ["fused", "fused"], kernels
+
+
+def test_a_step_with_more_results_than_copy_tiles():
+    """A block of 7 x 128 rows: the step's 7 results leave PSUM 4 at a time (O_BUFS), each
+    group's epilogue before the next group's copies take the tiles again."""
+    g = parse("""graph @main(%0: f32[896,128], %1: f32[128,512], %2: f32[896,512]) {
+  %3 = matmul %0, %1 : f32[896,512]
+  %4 = relu %3 : f32[896,512]
+  %5 = add %4, %2 : f32[896,512]
+  return %5
+}
+""")
+    tiled = Tile().run(Fuse().run(g, CTX), CTX)
+    tm, tn = tiled.choice(3, "tile")
+    assert tm * tn > O_BUFS
+    inputs = [random_input(v.type) for v in g.inputs]
+    (got,) = run(emit_graph(tiled, TRN2), inputs, TRN2)
+    np.testing.assert_allclose(got, interpret(g, inputs)[0], rtol=1e-5, atol=1e-4)
