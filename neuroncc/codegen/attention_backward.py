@@ -22,7 +22,9 @@ dQ leaves PSUM scaled and goes out per block, dK and dV once per head. Block i's
 dQ are issued after block i + 1's dOᵀ, dP and dV, so that TensorE does not wait for the
 Vector/Scalar work on dS. The scores' mask needs nothing here: masked keys have P = 0, hence
 dS = 0. The kernel reads and writes each tensor once: GPT-2's block at 512 (12 heads of 64),
-the backward 1604 -> 1302 us, its attention part 473 -> 199 us and 85 -> 25 MB.
+the backward 1604 -> 1302 us, its attention part 473 -> 199 us and 85 -> 25 MB. Where dQ, dK
+and dV only feed the concat of the QKV projection's gradient, they are stored into it
+(Note [gradients in place], `_concat_of`): 1235 -> 1195 us.
 
 The pattern is the one PyTorch's SDPA backward gives (math and flash forms decompose to it).
 Softmax written out in a model gives softmax's own backward, dS = P dP - P rowsum(P dP), and
@@ -39,22 +41,25 @@ from neuroncc.codegen.builder import ALIGN, TilePool
 from neuroncc.codegen.emit import EmitCtx, P
 from neuroncc.codegen.pe_transpose import PeTransposer
 from neuroncc.codegen.targets import Target
-from neuroncc.codegen.views import View, strided_view
+from neuroncc.codegen.views import View, reshape_strides, strided_view
 from neuroncc.ir.graph import Graph, Node, Value
 from neuroncc.ir.ops import Op
-from neuroncc.ir.types import DType
+from neuroncc.ir.types import DType, contiguous_strides
 
 SBUF_SHARE = 0.85  # of a partition, for the whole kernel
 
 
 @dataclass(frozen=True)
 class Gradient:
-    """One of dQ, dK, dV: its matmul, the value the kernel stores (the matmul's result or its
-    reshape / constant multiple) and that constant."""
+    """One of dQ, dK, dV: its matmul, the value the kernel computes (the matmul's result or its
+    reshape / constant multiple), that constant, and where it is stored: the matmul's
+    [B.., rows, D] as a view of `out`, or of the concat the kernel makes (Note [gradients in
+    place])."""
 
     matmul: Node
     out: Value
     scale: float
+    dst: View | None = None
 
 
 @dataclass(frozen=True)
@@ -294,9 +299,16 @@ def match(
         return None
     if bcast.inputs[0].type.shape[-2:] != (m, 1) or row.type.numel != b * m:
         return None
-    members = mt.closed({gr.out.id for gr in grads})
+    stored = {gr.out.id for gr in grads}
+    members = mt.closed(stored)
     if members is None:
         return None
+    concat = _concat_of(grads, producers, users, mt.outputs)
+    if concat is not None:  # (Note [gradients in place])
+        grads, chain = concat
+        members |= chain
+    else:
+        grads = [replace(gr, dst=_view_as(View.of(gr.out), gr.matmul.out)) for gr in grads]
     base = BackwardPlan(p, d_out, o, v_t, k, q, *grads, frozenset(members), b, m, n, d)
     if base.sbuf_bytes() > SBUF_SHARE * t.sbuf_partition_bytes:
         return None
@@ -306,6 +318,72 @@ def match(
         if bp.psum_banks(t) <= banks:
             return bp
     return None
+
+
+def _view_as(v: View | None, x: Value) -> View | None:
+    """v, a view of the same elements as x row-major, indexed over x's shape."""
+    strides = v and reshape_strides(v.shape, v.strides, x.type.shape)
+    return None if strides is None else View(v.base, v.offset, x.type.shape, strides)
+
+
+def _concat_of(
+    grads: list[Gradient], producers: dict[int, Node], users: dict, outputs: set[int]
+) -> tuple[list[Gradient], set[int]] | None:
+    """Note [gradients in place]: in a backward, dQ, dK and dV each go through a head merge
+    (a transpose and a reshape) into one concat, the QKV projection's output gradient. Where
+    nothing else reads them, the kernel stores them straight into the concat's regions: no
+    concat kernel, and 3 x [B, S, D] of HBM traffic fewer each way. Returns the gradients with
+    their regions as `dst`, and the nodes from them to the concat (it included); None if
+    they do not all go to one concat that takes nothing else."""
+    concat: Node | None = None
+    ends, chain = {}, set()
+    for gr in grads:
+        v, nodes = gr.out, []
+        while v.id not in outputs and len(users[v.id]) == 1:
+            (u,) = users[v.id]
+            if u.op is Op.CONCAT:
+                concat = concat or u
+                if u is not concat:
+                    return None
+                break
+            if u.op not in (Op.RESHAPE, Op.TRANSPOSE):
+                return None
+            nodes.append(u)
+            v = u.out
+        else:
+            return None
+        ends[v.id] = (gr, nodes)
+        chain.update(x.out.id for x in nodes)
+    if (
+        concat is None
+        or len({x.id for x in concat.inputs}) != 3
+        or set(ends) != {x.id for x in concat.inputs}
+    ):
+        return None
+    axis, out_strides = concat.attr("axis"), contiguous_strides(concat.out.type.shape)
+    placed, start = [], 0
+    for x in concat.inputs:
+        gr, nodes = ends[x.id]
+        view: View | None = View(concat.out, start * out_strides[axis], x.type.shape, out_strides)
+        for node in reversed(nodes):  # back from the concat's input to the gradient
+            if view is None:
+                return None
+            if node.op is Op.RESHAPE:
+                view = _view_as(view, node.inputs[0])
+            else:
+                perm = tuple(node.attr("perm"))
+                strides = [0] * len(perm)
+                for i, pi in enumerate(perm):
+                    strides[pi] = view.strides[i]
+                view = View(concat.out, view.offset, node.inputs[0].type.shape, tuple(strides))
+        dst = _view_as(view, gr.matmul.out)
+        if dst is None:
+            return None
+        placed.append(replace(gr, dst=dst))
+        start += x.type.shape[axis]
+    order = {id(gr.matmul): i for i, gr in enumerate(grads)}
+    placed.sort(key=lambda gr: order[id(gr.matmul)])
+    return placed, chain | {concat.out.id}
 
 
 def _elementwise(n: Node) -> bool:
@@ -360,7 +438,10 @@ def emit_attention_backward(ctx: EmitCtx, bp: BackwardPlan) -> None:
         x.id: View.of(x) if x.id in ctx.loc else strided_view(x, producers, in_kernels)[0]
         for x in (bp.p, bp.d_out, bp.o, bp.v_t, bp.k, bp.q)
     }
-    outs = {gr.out.id: ctx.alloc(gr.out) for gr in (bp.dq, bp.dk, bp.dv)}
+    bufs = {}
+    for gr in (bp.dq, bp.dk, bp.dv):
+        if gr.dst.base.id not in bufs:
+            bufs[gr.dst.base.id] = ctx.alloc(gr.dst.base)
 
     def load(dst: isa.TileRef, x: Value, bi: int, r0: int, rows: int) -> None:
         """Rows r0.. of matrix bi of x into dst."""
@@ -370,9 +451,11 @@ def emit_attention_backward(ctx: EmitCtx, bp: BackwardPlan) -> None:
         b.dma(dst, isa.DramRef(ctx.buf(v.base), off, dt, pattern))
 
     def store(gr: Gradient, bi: int, r0: int, src: isa.TileRef) -> None:
-        rows, cols = src.np, src.free_elems
-        off = (bi * gr.matmul.out.type.shape[-2] + r0) * cols
-        b.dma(isa.DramRef(outs[gr.out.id], off, dt, ((cols, rows), (1, cols))), src)
+        """src, rows r0.. of matrix bi of the gradient, where it goes (`Gradient.dst`)."""
+        v: View = gr.dst
+        off = v.batch_offset(bi) + r0 * v.strides[-2]
+        pattern = ((v.strides[-2], src.np), (v.strides[-1], src.free_elems))
+        b.dma(isa.DramRef(bufs[v.base.id], off, dt, pattern), src)
 
     pools = {name: b.sbuf_pool(slot, bufs) for name, (slot, bufs) in bp.pools().items()}
     transpose = PeTransposer(ctx, dt, engine="act")

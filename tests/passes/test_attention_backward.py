@@ -236,3 +236,39 @@ def test_no_kernel_without_an_exact_transpose():
     """dS is transposed on TensorE: trn1 has no exact transpose mode."""
     g = Fuse().run(parse(BACKWARD), PassContext(TRN1))
     assert not backward_plans(g, TRN1)
+
+
+class _SelfAttention(torch.nn.Module):
+    """GPT-2's attention: one QKV projection, heads split and merged around SDPA."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.proj = torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, s, dim = x.shape
+        q, k, v = self.qkv(x).split(dim, dim=2)
+        q, k, v = (t.view(b, s, self.heads, dim // self.heads).transpose(1, 2) for t in (q, k, v))
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(o.transpose(1, 2).reshape(b, s, dim))
+
+
+def test_the_gradients_go_straight_into_the_qkv_gradient(fresh):
+    """Note [gradients in place]: dQ, dK and dV are stored into the QKV projection's output
+    gradient where its concat would put them: no concat kernel, and the weights' gradients
+    still agree with eager's."""
+    torch.manual_seed(0)
+    model = _SelfAttention(64, 4)
+    x = torch.randn(1, 256, 64)
+    compiled = torch.compile(model, backend="neuron")
+    compiled(x.clone().requires_grad_()).square().sum().backward()
+    got = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    model(x).square().sum().backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(got[name], p.grad, atol=2e-4, rtol=1e-3, msg=name)
+    names = _names(_backward_kernels())
+    assert sum(n.startswith("attention_backward.") for n in names) == 1, names
+    assert not any(n.startswith("concat.") for n in names), names
