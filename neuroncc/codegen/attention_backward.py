@@ -41,7 +41,7 @@ from neuroncc.codegen.builder import ALIGN, TilePool
 from neuroncc.codegen.emit import EmitCtx, P
 from neuroncc.codegen.pe_transpose import PeTransposer
 from neuroncc.codegen.targets import Target
-from neuroncc.codegen.views import View, reshape_strides, strided_view
+from neuroncc.codegen.views import View, reshape_strides, strided_view, unread_chain_nodes
 from neuroncc.ir.graph import Graph, Node, Value
 from neuroncc.ir.ops import Op
 from neuroncc.ir.types import DType, contiguous_strides
@@ -429,13 +429,39 @@ def backward_plans(g: Graph, t: Target) -> dict[int, BackwardPlan]:
     return plans
 
 
+def fold_backward_views(g: Graph, t: Target) -> tuple[dict[int, View], set[int]]:
+    """The backward kernels' inputs that views of a value make (dO, the output gradient
+    split into heads, is a transpose of the output projection's input gradient): the kernel
+    reads them through the views, with rows contiguous, and the views only it reads are not
+    made (as Note [attention operands] for the forward). Returns input id -> its view, and
+    the ids of the nodes not to emit."""
+    producers, users = g.producers(), g.users()
+    outputs, in_kernels = {v.id for v in g.outputs}, g.kernel_of()
+    views: dict[int, View] = {}
+    chains: set[int] = set()
+    readers: dict[int, frozenset[int]] = {}  # input id -> the kernel's nodes
+    for bp in backward_plans(g, t).values():
+        for x in (bp.p, bp.d_out, bp.o, bp.v_t, bp.k, bp.q):
+            view, chain = strided_view(x, producers, in_kernels)
+            if chain and view.strides[-1] == 1:
+                views[x.id] = view
+                chains.update(chain)
+                readers[x.id] = bp.members
+
+    def in_place(u: Node, vid: int) -> bool:
+        return u.out.id in readers.get(vid, ())
+
+    return views, unread_chain_nodes(chains, outputs, users, in_place)
+
+
 def emit_attention_backward(ctx: EmitCtx, bp: BackwardPlan) -> None:
     """Note [attention backward]."""
     b, t = ctx.b, ctx.target
     dt, d, n, m = bp.p.type.dtype, bp.d, bp.n, bp.m
     producers, in_kernels = ctx.graph.producers(), ctx.graph.kernel_of()
-    views = {  # in their buffers, or read in place where they have none (a folded view)
-        x.id: View.of(x) if x.id in ctx.loc else strided_view(x, producers, in_kernels)[0]
+    views = {  # read in place (fold_backward_views), in their buffers, or through a folded view
+        x.id: ctx.views.get(x.id)
+        or (View.of(x) if x.id in ctx.loc else strided_view(x, producers, in_kernels)[0])
         for x in (bp.p, bp.d_out, bp.o, bp.v_t, bp.k, bp.q)
     }
     bufs = {}

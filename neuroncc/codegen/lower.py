@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from neuroncc.codegen import emit_matmul, emit_tensor  # noqa: F401  (register the emitters)
-from neuroncc.codegen.attention_backward import backward_plans, emit_attention_backward
+from neuroncc.codegen.attention_backward import (
+    backward_plans,
+    emit_attention_backward,
+    fold_backward_views,
+)
 from neuroncc.codegen.attention_operands import fold_operand_views
 from neuroncc.codegen.attention_planner import AttentionPlan, attention_plans, with_key_facts
 from neuroncc.codegen.builder import OnChipOverflow, RingPool
@@ -56,6 +60,9 @@ def _emit(g: Graph, target: Target, stream_bytes: int) -> Executable:
         attention[first] = with_key_facts(g, ap)
     backward = backward_plans(g, target)
     ctx.views, skipped = fold_operand_views(g, list(attention.values()))
+    backward_views, backward_skipped = fold_backward_views(g, target)
+    ctx.views |= backward_views
+    skipped |= backward_skipped
     unneeded = _made_on_chip(g, attention, skipped)
     ctx.row_slices = rows_read_in_place(g)
     ctx.col_slices = cols_read_in_place(g)

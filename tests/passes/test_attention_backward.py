@@ -258,7 +258,7 @@ class _SelfAttention(torch.nn.Module):
 def test_the_gradients_go_straight_into_the_qkv_gradient(fresh):
     """Note [gradients in place]: dQ, dK and dV are stored into the QKV projection's output
     gradient where its concat would put them: no concat kernel, and the weights' gradients
-    still agree with eager's."""
+    still agree with eager's. And dO is read in place (fold_backward_views)."""
     torch.manual_seed(0)
     model = _SelfAttention(64, 4)
     x = torch.randn(1, 256, 64)
@@ -272,3 +272,6 @@ def test_the_gradients_go_straight_into_the_qkv_gradient(fresh):
     names = _names(_backward_kernels())
     assert sum(n.startswith("attention_backward.") for n in names) == 1, names
     assert not any(n.startswith("concat.") for n in names), names
+    # dO is read out of the projection's input gradient through its head split (no transpose
+    # kernel for it); the one left merges the saved O's heads for the weight gradient.
+    assert sum(n.startswith("transpose.") for n in names) == 1, names
