@@ -555,13 +555,16 @@ def emit_attention_backward(ctx: EmitCtx, bp: BackwardPlan) -> None:
         ks = heads[bi][0]
         s = state.pop(blk)
         first = r0 == 0
+        # dSᵀ's transposes first and dK's matmuls behind them: TensorE works while the
+        # transposes' copies leave PSUM, instead of waiting for each before its dQ matmul.
+        ds_ts = [pools["ds_t"].tile(kw, (rp,), dt) for _, kw in kts]
+        for (k0, kw), ds_t in zip(kts, ds_ts, strict=True):
+            transpose(ds_t, s["ds"].cols(k0, kw))
         for j, (k0, kw) in enumerate(kts):
             st, acc = s["ds"].cols(k0, kw), dk_dv(bi, j)[0]
             b.emit(isa.Matmul("pe", dst=acc, stationary=st, moving=s["q"], accumulate=not first))
         dq = dq_psum.tile(rp, (d,), DType.F32)
-        for j, (k0, kw) in enumerate(kts):
-            ds_t = pools["ds_t"].tile(kw, (rp,), dt)
-            transpose(ds_t, s["ds"].cols(k0, kw))
+        for j, ds_t in enumerate(ds_ts):
             b.emit(isa.Matmul("pe", dst=dq, stationary=ds_t, moving=ks[j], accumulate=j > 0))
         out = pools["dq"].tile(rp, (d,), dt)
         b.emit(isa.Activation("act", func="copy", dst=out, src=dq, scale=bp.dq.scale))
