@@ -271,11 +271,13 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
             first_b = load_b(steps[si + 1], 0)
         # The step's results leave PSUM before its epilogue runs on them (as many at a time
         # as o_pool holds), so that the next step's matmuls, which take the same banks,
-        # wait for the copies, not for the epilogue too.
+        # wait for the copies, not for the epilogue too. The last step's go one by one,
+        # each with its epilogue, so that the kernel's last results are done soonest.
         tiles = list(ps.items())
-        for g0 in range(0, len(tiles), O_BUFS):
+        group = O_BUFS if si + 1 < len(steps) else 1
+        for g0 in range(0, len(tiles), group):
             copied = []
-            for (j, c), tile in tiles[g0 : g0 + O_BUFS]:
+            for (j, c), tile in tiles[g0 : g0 + group]:
                 r0, mt = mrows[j]
                 c0, w = cols[c]
                 ot = o_pool.tile(mt, (w,), odt)
