@@ -241,18 +241,19 @@ def test_a_fused_gate_and_up_projection_reads_its_weight_in_place(laid_out, fres
 
 
 def test_a_step_with_more_results_than_copy_tiles():
-    """A block of 7 x 128 rows: the step's 7 results leave PSUM 4 at a time (O_BUFS), each
-    group's epilogue before the next group's copies take the tiles again."""
-    g = parse("""graph @main(%0: f32[896,128], %1: f32[128,512], %2: f32[896,512]) {
-  %3 = matmul %0, %1 : f32[896,512]
-  %4 = relu %3 : f32[896,512]
-  %5 = add %4, %2 : f32[896,512]
+    """A block of 7 x 128 rows: a step's 7 results leave PSUM 4 at a time (O_BUFS), each
+    group's epilogue before the next group's copies take the tiles again (the first of the
+    two steps; the last goes one by one)."""
+    g = parse("""graph @main(%0: f32[896,128], %1: f32[128,1024], %2: f32[896,1024]) {
+  %3 = matmul %0, %1 : f32[896,1024]
+  %4 = relu %3 : f32[896,1024]
+  %5 = add %4, %2 : f32[896,1024]
   return %5
 }
 """)
     tiled = Tile().run(Fuse().run(g, CTX), CTX)
     tm, tn = tiled.choice(3, "tile")
-    assert tm * tn > O_BUFS
+    assert tm * tn > O_BUFS and 1024 > tn * 512  # several results per step, two steps
     inputs = [random_input(v.type) for v in g.inputs]
     (got,) = run(emit_graph(tiled, TRN2), inputs, TRN2)
     np.testing.assert_allclose(got, interpret(g, inputs)[0], rtol=1e-5, atol=1e-4)
