@@ -90,25 +90,13 @@ def _epilogues_together(nodes: list[Node], grouped: dict) -> list[Node]:
     that only the epilogue reads stay with it: they say how it reads its inputs (a bias, or a
     row value broadcast over the product); the next matmul's W^T moves ahead. Legal: nothing
     moved ahead reads what stays behind; each part keeps its order. Attention kernels
-    (`grouped` already) are left alone, and end the window. Repeated until nothing moves: an
-    epilogue two matmuls on (a GELU backward after the weight gradient and a bias gradient's
-    column sums) comes back one window per round."""
+    (`grouped` already) are left alone, and end the window. The windows are taken last to
+    first, so that what moves ahead of one matmul is in the window before when that is taken:
+    an epilogue two matmuls on (a GELU backward after the weight gradient and a bias
+    gradient's column sums) comes back to its matmul in one pass."""
     out = list(nodes)
-    while True:
-        moved = _epilogues_closer(out, grouped)
-        if [n.out.id for n in moved] == [n.out.id for n in out]:
-            return out
-        out = moved
-
-
-def _epilogues_closer(nodes: list[Node], grouped: dict) -> list[Node]:
-    """One round of _epilogues_together."""
-    out = list(nodes)
-    i = 0
-    while i < len(out):
-        if out[i].op is not Op.MATMUL or out[i].out.id in grouped:
-            i += 1
-            continue
+    starts = [i for i, n in enumerate(out) if n.op is Op.MATMUL and n.out.id not in grouped]
+    for i in reversed(starts):  # rearranging [i, j) moves nothing before i
         j = next(
             (
                 j
@@ -133,7 +121,6 @@ def _epilogues_closer(nodes: list[Node], grouped: dict) -> list[Node]:
                 stays.add(n.out.id)
         ahead = [n for n in window if n.out.id not in stays]
         out[i:j] = [*ahead, out[i], *(n for n in window if n.out.id in stays)]
-        i = j
     return out
 
 
