@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 from neuroncc.codegen import emit_matmul, emit_tensor  # noqa: F401  (register the emitters)
-from neuroncc.codegen.attention_backward import (
-    backward_plans,
-    emit_attention_backward,
-    fold_backward_views,
-)
+from neuroncc.codegen.attention_backward import backward_plans, fold_backward_views
 from neuroncc.codegen.attention_operands import fold_operand_views
 from neuroncc.codegen.attention_planner import AttentionPlan, attention_plans, with_key_facts
 from neuroncc.codegen.builder import OnChipOverflow, RingPool
 from neuroncc.codegen.emit import EMITTERS, EmitCtx
 from neuroncc.codegen.emit_attention import emit_attention
+from neuroncc.codegen.emit_attention_backward import emit_attention_backward
 from neuroncc.codegen.emit_few_rows import (
     STREAM_QUEUES,
     STREAM_TILES,
