@@ -23,10 +23,10 @@ def emit_attention_backward(ctx: EmitCtx, bp: BackwardPlan) -> None:
         or (View.of(x) if x.id in ctx.loc else strided_view(x, producers, in_kernels)[0])
         for x in (bp.p, bp.d_out, bp.o, bp.v_t, bp.k, bp.q)
     }
-    bufs = {}
+    out_bufs = {}  # the gradients', or the concat's (Note [gradients in place])
     for gr in (bp.dq, bp.dk, bp.dv):
-        if gr.dst.base.id not in bufs:
-            bufs[gr.dst.base.id] = ctx.alloc(gr.dst.base)
+        if gr.dst.base.id not in out_bufs:
+            out_bufs[gr.dst.base.id] = ctx.alloc(gr.dst.base)
 
     def load(dst: isa.TileRef, x: Value, bi: int, r0: int, rows: int) -> None:
         """Rows r0.. of matrix bi of x into dst."""
@@ -40,7 +40,7 @@ def emit_attention_backward(ctx: EmitCtx, bp: BackwardPlan) -> None:
         v: View = gr.dst
         off = v.batch_offset(bi) + r0 * v.strides[-2]
         pattern = ((v.strides[-2], src.np), (v.strides[-1], src.free_elems))
-        b.dma(isa.DramRef(bufs[v.base.id], off, dt, pattern), src)
+        b.dma(isa.DramRef(out_bufs[v.base.id], off, dt, pattern), src)
 
     pools = {name: b.sbuf_pool(slot, bufs) for name, (slot, bufs) in bp.pools().items()}
     transpose = PeTransposer(ctx, dt, engine="act")
