@@ -87,12 +87,9 @@ def test_merging_non_contiguous_axes_needs_a_copy():
     assert reshape_strides((1, 12, 64), (0, 64, 1), (12, 1, 64)) == (64, 0, 1)
 
 
-def _chain_graph(shape, ops, keep_chain: bool):
-    """x through the chain of view ops, concatenated with a second input along axis 0; with
-    keep_chain, the chain's first value is also an output (so it must still be made)."""
-    b = GraphBuilder()
-    x = b.input(TensorType(shape, DType.F32))
-    v, first = x, None
+def _ir_chain(b: GraphBuilder, x, ops) -> list:
+    """The chain's values, x's views one after another."""
+    values, v = [], x
     for kind, arg in ops:
         if kind == "transpose":
             v = b.op(Op.TRANSPOSE, v, perm=list(arg))
@@ -101,7 +98,29 @@ def _chain_graph(shape, ops, keep_chain: bool):
             v = b.op(Op.SLICE, v, starts=list(starts), stops=list(stops), steps=list(steps))
         else:
             v = b.op(Op.RESHAPE, v, shape=list(arg))
-        first = first or v
+        values.append(v)
+    return values
+
+
+def _numpy_chain(x: np.ndarray, ops) -> np.ndarray:
+    """What the chain computes, in NumPy."""
+    for kind, arg in ops:
+        if kind == "transpose":
+            x = x.transpose(arg)
+        elif kind == "slice":
+            x = x[tuple(slice(a, z, s) for a, z, s in zip(*arg, strict=True))]
+        else:
+            x = x.reshape(arg)
+    return x
+
+
+def _chain_graph(shape, ops, keep_chain: bool):
+    """x through the chain of view ops, concatenated with a second input along axis 0; with
+    keep_chain, the chain's first value is also an output (so it must still be made)."""
+    b = GraphBuilder()
+    x = b.input(TensorType(shape, DType.F32))
+    chain = _ir_chain(b, x, ops)
+    v, first = chain[-1] if chain else x, chain[0] if chain else None
     y = b.input(v.type)
     cat = b.op(Op.CONCAT, v, y, axis=0)
     return b.build([cat, first] if keep_chain and first is not None else [cat])
@@ -115,14 +134,7 @@ def test_a_concat_copies_its_inputs_from_where_their_views_start(chain, keep_cha
     shape, ops = chain
     g = _chain_graph(shape, ops, keep_chain)
     x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
-    want = x
-    for kind, arg in ops:
-        if kind == "transpose":
-            want = want.transpose(arg)
-        elif kind == "slice":
-            want = want[tuple(slice(a, z, s) for a, z, s in zip(*arg, strict=True))]
-        else:
-            want = want.reshape(arg)
+    want = _numpy_chain(x, ops)
     y = -np.ones(want.shape, np.float32)
     out = run(emit_graph(g, TRN2), [x, y], TRN2)
     np.testing.assert_array_equal(out[0], np.concatenate([want, y]))
@@ -167,27 +179,13 @@ def test_a_copy_reads_through_the_views_before_it(chain):
     shape, ops = chain
     b = GraphBuilder()
     x = b.input(TensorType(shape, DType.F32))
-    v = x
-    for kind, arg in ops:
-        if kind == "transpose":
-            v = b.op(Op.TRANSPOSE, v, perm=list(arg))
-        elif kind == "slice":
-            starts, stops, steps = arg
-            v = b.op(Op.SLICE, v, starts=list(starts), stops=list(stops), steps=list(steps))
-        else:
-            v = b.op(Op.RESHAPE, v, shape=list(arg))
-    if v == x:
+    chain = _ir_chain(b, x, ops)
+    if not chain:
         return
+    v = chain[-1]
     g = b.build([v])
     data = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
-    want = data
-    for kind, arg in ops:
-        if kind == "transpose":
-            want = want.transpose(arg)
-        elif kind == "slice":
-            want = want[tuple(slice(a, z, s) for a, z, s in zip(*arg, strict=True))]
-        else:
-            want = want.reshape(arg)
+    want = _numpy_chain(data, ops)
     exe = emit_graph(g, TRN2)
     np.testing.assert_array_equal(run(exe, [data], TRN2)[0], want)
     if any(n.op is Op.TRANSPOSE and transpose_layout(g, n, TRN2) == "pe" for n in g.nodes):
