@@ -255,10 +255,7 @@ def concat_sources(
                 peeled.append(y.id)
                 y = producers[y.id].inputs[0]
             view, chain = strided_view(y, producers, in_kernels)
-            walked = [producers[vid] for vid in chain]
-            if not any(m.op is not Op.RESHAPE for m in walked) or any(
-                m.op is Op.TRANSPOSE and not on_dma(m) for m in walked
-            ):
+            if not _saves_a_copy([producers[vid] for vid in chain], on_dma):
                 continue
             strides = reshape_strides(x.type.shape, dst_strides, y.type.shape)
             if strides is None:
@@ -296,10 +293,7 @@ def copy_sources(
         if n.op is not Op.SLICE and not (n.op is Op.TRANSPOSE and on_dma(n)):
             continue
         view, chain = strided_view(n.out, producers, in_kernels)
-        walked = [producers[vid] for vid in chain[1:]]
-        if not any(m.op is not Op.RESHAPE for m in walked) or any(
-            m.op is Op.TRANSPOSE and not on_dma(m) for m in walked
-        ):
+        if not _saves_a_copy([producers[vid] for vid in chain[1:]], on_dma):
             continue
         sources[n.out.id] = view
         chains.update(chain[1:])
@@ -308,6 +302,14 @@ def copy_sources(
         return u.out.id in sources or u.out.id in skipped
 
     return sources, unread_chain_nodes(chains, outputs, users, in_place)
+
+
+def _saves_a_copy(walked: list[Node], on_dma: Callable[[Node], bool]) -> bool:
+    """Copying through the views `walked` saves a copy: one of them is a slice or transpose
+    (a reshape aliases), and none is a transpose on TensorE (a strided DMA would cost more)."""
+    return any(m.op is not Op.RESHAPE for m in walked) and not any(
+        m.op is Op.TRANSPOSE and not on_dma(m) for m in walked
+    )
 
 
 def unread_chain_nodes(
