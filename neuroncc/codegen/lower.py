@@ -65,16 +65,14 @@ def _emit(g: Graph, target: Target, stream_bytes: int) -> Executable:
     ctx.col_slices = cols_read_in_place(g)
     ctx.merged_heads = merged_heads(g, target.pe_exact_transpose)
     skipped = skipped | {vid for merge in ctx.merged_heads.values() for vid in merge.nodes}
-    ctx.concat_sources, copied = concat_sources(
-        g, lambda n: transpose_layout(g, n, target) == "dma"
-    )
+
+    def on_dma(n) -> bool:
+        return transpose_layout(g, n, target) == "dma"
+
+    ctx.concat_sources, copied = concat_sources(g, on_dma)
     skipped |= copied
-    ctx.copy_sources, copied = copy_sources(
-        g,
-        lambda n: transpose_layout(g, n, target) == "dma",
-        {*ctx.row_slices, *ctx.col_slices},
-        skipped,
-    )
+    in_matmuls = {*ctx.row_slices, *ctx.col_slices}
+    ctx.copy_sources, copied = copy_sources(g, on_dma, in_matmuls, skipped)
     skipped |= copied
     i = 0
     while i < len(nodes):
