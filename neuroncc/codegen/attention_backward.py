@@ -35,6 +35,7 @@ often dKᵀ = Qᵀ dS: that form is not matched, and runs as separate kernels.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from neuroncc.codegen.builder import ALIGN
@@ -428,7 +429,9 @@ def backward_plans(g: Graph, t: Target) -> dict[int, BackwardPlan]:
     return plans
 
 
-def fold_backward_views(g: Graph, t: Target) -> tuple[dict[int, View], set[int]]:
+def fold_backward_views(
+    g: Graph, plans: Iterable[BackwardPlan]
+) -> tuple[dict[int, View], set[int]]:
     """The backward kernels' inputs that views of a value make (dO, the output gradient
     split into heads, is a transpose of the output projection's input gradient): the kernel
     reads them through the views, with rows contiguous, and the views only it reads are not
@@ -439,7 +442,7 @@ def fold_backward_views(g: Graph, t: Target) -> tuple[dict[int, View], set[int]]
     views: dict[int, View] = {}
     chains: set[int] = set()
     readers: dict[int, frozenset[int]] = {}  # input id -> the kernel's nodes
-    for bp in backward_plans(g, t).values():
+    for bp in plans:
         for x in (bp.p, bp.d_out, bp.o, bp.v_t, bp.k, bp.q):
             view, chain = strided_view(x, producers, in_kernels)
             if chain and view.strides[-1] == 1:

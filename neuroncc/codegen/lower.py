@@ -57,7 +57,7 @@ def _emit(g: Graph, target: Target, stream_bytes: int) -> Executable:
         attention[first] = with_key_facts(g, ap)
     backward = backward_plans(g, target)
     ctx.views, skipped = fold_operand_views(g, list(attention.values()))
-    backward_views, backward_skipped = fold_backward_views(g, target)
+    backward_views, backward_skipped = fold_backward_views(g, backward.values())
     ctx.views |= backward_views
     skipped |= backward_skipped
     unneeded = _made_on_chip(g, attention, skipped)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from neuroncc.codegen import isa
-from neuroncc.codegen.attention_backward import fold_backward_views
+from neuroncc.codegen.attention_backward import backward_plans, fold_backward_views
 from neuroncc.codegen.attention_operands import fold_operand_views
 from neuroncc.codegen.attention_planner import attention_plans
 from neuroncc.codegen.costs import dma_ns, instr_ns
@@ -113,7 +113,7 @@ def _attention_operand_chains(g: Graph, t: Target) -> set[int]:
     emitted)."""
     plans = [ap for ap in attention_plans(g, t).values() if ap is not None]
     chains = fold_operand_views(g, plans)[1] if plans else set()
-    return chains | fold_backward_views(g, t)[1]
+    return chains | fold_backward_views(g, backward_plans(g, t).values())[1]
 
 
 def pe_ns(n: Node, t: Target) -> float:
