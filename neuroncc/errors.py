@@ -42,3 +42,38 @@ class SimulationError(NeuronccError):
 
 class RaceError(SimulationError):
     pass
+
+
+class NeuronccInternalError(NeuronccError):
+    """A bug in neuroncc, not in the user's program: a pass, an emitter or the simulator failed
+    (or produced something that breaks an invariant, such as a timing faster than the hardware
+    allows). It names the stage, the pass and the node where it happened; the frontend adds
+    where the failing graph's IR was written and the command that reproduces it."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        stage: str,
+        pass_name: str | None = None,
+        node: str | None = None,
+        dump: str | None = None,
+        repro: str | None = None,
+    ) -> None:
+        self.stage, self.pass_name, self.node = stage, pass_name, node
+        self.dump, self.repro = dump, repro
+        self.message = message
+        super().__init__(self._text())
+
+    def _text(self) -> str:
+        where = [f"stage {self.stage}"]
+        if self.pass_name:
+            where.append(f"pass {self.pass_name}")
+        if self.node:
+            where.append(f"node {self.node}")
+        text = f"internal compiler error ({', '.join(where)}): {self.message}"
+        if self.dump:
+            text += f"\n  the failing graph's IR: {self.dump}"
+        if self.repro:
+            text += f"\n  reproduce with: {self.repro}"
+        return text
