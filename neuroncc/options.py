@@ -11,9 +11,9 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from neuroncc.errors import OptionsError
 
@@ -25,13 +25,15 @@ ENV_VARS = {
     "disk_cache": "NEURONCC_DISK_CACHE",
     "cache_max_bytes": "NEURONCC_CACHE_MAX_BYTES",
 }
-_INT_OPTIONS = ("opt_level", "cache_max_bytes")
 # Options that change where and whether compiled graphs are kept or shown, never what they are.
 _NOT_IN_KEY = {"dump_dir", "cache_dir", "disk_cache", "cache_max_bytes", "timing_only"}
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 class CompileOptions(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # strict: a value of the wrong type is an error, not converted (fallback="yes" is not
+    # True, opt_level=2.0 is not 2); environment variables are parsed by from_user first.
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     target: Literal["trn1", "trn2", "trn3"] = "trn2"
     opt_level: Literal[0, 1, 2] = 2
@@ -47,16 +49,26 @@ class CompileOptions(BaseModel):
     # For estimating models too big to simulate; every such execution is counted in stats().
     timing_only: bool = False
 
+    @field_validator("opt_level", mode="before")
+    @classmethod
+    def _an_int(cls, v: Any) -> Any:
+        if type(v) is not int:  # 2.0 and True equal 2 and 1, and would pass the Literal
+            raise ValueError(f"expected an int (0, 1 or 2), got a {type(v).__name__}")
+        return v
+
     @classmethod
     def from_user(
         cls, options: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
     ) -> CompileOptions:
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
+        from_env: dict[str, str] = {}
         for key, var in ENV_VARS.items():
             if environ.get(var):
-                raw = environ[var]
-                values[key] = int(raw) if key in _INT_OPTIONS and raw.isdigit() else raw
+                values[key] = _from_env(key, var, environ[var])
+                from_env[key] = var
+        for key in options or {}:
+            from_env.pop(key, None)  # explicit options win
         values.update(options or {})
         unknown = sorted(set(values) - set(cls.model_fields))
         if unknown:
@@ -66,7 +78,7 @@ class CompileOptions(BaseModel):
         try:
             opts = cls(**values)
         except ValidationError as e:
-            raise OptionsError(_explain(e)) from None
+            raise OptionsError(_explain(e, from_env)) from None
         return opts
 
     def compile_fields(self) -> dict[str, Any]:
@@ -79,9 +91,36 @@ class CompileOptions(BaseModel):
         return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _explain(e: ValidationError) -> str:
+def _from_env(key: str, var: str, raw: str) -> Any:
+    """An environment variable's text as the option's type: integers and booleans are parsed
+    here (the model is strict), an unparsable value is an error naming the variable."""
+    annotation = CompileOptions.model_fields[key].annotation
+    # int | None, Literal[0, 1, 2]: the types of its members
+    kinds = {a if isinstance(a, type) else type(a) for a in get_args(annotation)} | {annotation}
+    if bool in kinds:
+        if raw.strip().lower() in _TRUE:
+            return True
+        if raw.strip().lower() in _FALSE:
+            return False
+        allowed = "/".join(_TRUE + _FALSE)
+        raise OptionsError(f"environment variable {var}={raw!r}: expected one of {allowed}")
+    if int in kinds:
+        try:
+            return int(raw)
+        except ValueError:
+            raise OptionsError(
+                f"environment variable {var}={raw!r}: expected an integer"
+            ) from None
+    return raw
+
+
+def _explain(e: ValidationError, from_env: Mapping[str, str]) -> str:
     parts = []
     for err in e.errors():
         key = ".".join(str(x) for x in err["loc"])
-        parts.append(f"option {key}={err.get('input')!r}: {err['msg']}")
+        name = err["loc"][0] if err["loc"] else None
+        given = f"option {key}={err.get('input')!r}"
+        if name in from_env:
+            given = f"environment variable {from_env[name]}={err.get('input')!r} (option {key})"
+        parts.append(f"{given}: {err['msg']}")
     return "invalid neuroncc options: " + "; ".join(parts)

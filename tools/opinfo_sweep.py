@@ -162,6 +162,8 @@ def run_sample(op, sample, grads: bool) -> tuple[str, list[str]]:
                 tol,
             )
     stats = neuroncc.stats()
+    if stats["compiler_errors"]:  # ran eagerly after an internal compiler error: a failure
+        raise RuntimeError(f"internal compiler error (stages {stats['compiler_errors']})")
     fell_back = sorted(stats["fallback_nodes"])
     if stats["dynamo_graphs"] == 0:
         fell_back.append("dynamo: not captured")  # Dynamo ran it in Python (graph break)

@@ -19,8 +19,8 @@ import torch
 from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
 from torch._dynamo.backends.common import aot_autograd
 
-from neuroncc.errors import CapacityError, NeuronccError, UnsupportedError
-from neuroncc.frontend import recording
+from neuroncc.errors import NeuronccError, NeuronccInternalError, UnsupportedError, internal_error
+from neuroncc.frontend import failures, recording
 from neuroncc.frontend.compile import (
     Compiled,
     canonical_text,
@@ -50,6 +50,8 @@ class GraphRunner:
 
     With `timing_only` the executable is timed but not simulated: the outputs come from the
     ATen graph run eagerly, and each such execution is counted (stats: timing_only_executions).
+    A failure in the simulator is an internal compiler error (Note [internal errors]): with
+    fallback on, this graph runs eagerly from then on.
     """
 
     def __init__(
@@ -57,20 +59,29 @@ class GraphRunner:
         compiled: CompiledExecutable,
         sources: list,
         slots: list[int | None],
-        timing_only: torch.fx.GraphModule | None = None,
+        gm: torch.fx.GraphModule,
+        failed: Callable[[NeuronccInternalError], bool],
+        timing_only: bool = False,
     ) -> None:
         self.compiled, self.sources, self.slots = compiled, sources, slots
-        self.timing_only = timing_only
+        self.gm, self.failed, self.timing_only = gm, failed, timing_only
+        self.eager = False
 
     def __call__(self, *args: Any) -> list[torch.Tensor | None]:
-        if self.timing_only is not None:
+        if self.eager:
+            return _as_list(self.gm(*args))
+        if self.timing_only:
             for kind, source in self.sources:
                 if kind == "layout":
                     source(args, timing_only=True)
             self.compiled.record_timing_only()
-            return list(_as_list(self.timing_only(*args)))
+            return _as_list(self.gm(*args))
         inputs = [self._bind(kind, s, args) for kind, s in self.sources]
-        outs = self.compiled.run(inputs)
+        try:
+            outs = self.compiled.run(inputs)
+        except Exception as e:
+            self.eager = self.failed(internal_error(e, stage="simulate"))  # or raises
+            return _as_list(self.gm(*args))
         return [None if s is None else outs[s] for s in self.slots]
 
     @staticmethod
@@ -101,8 +112,13 @@ def compile_region(
 ) -> Callable[..., list]:
     """fx -> nir -> passes -> program for a graph neuroncc supports entirely (recorded, when
     recording; and only recorded, when tracing for warmup). `static`: the arguments that are
-    an inference graph's parameters and buffers (Note [weight layout])."""
-    imported = import_fx(gm, name)
+    an inference graph's parameters and buffers (Note [weight layout]). An internal compiler
+    error comes out with its repro file written (Note [internal errors])."""
+    try:
+        imported = import_fx(gm, name)
+    except NeuronccInternalError as e:
+        how = {"kind": "aten", "inference": bool(static), "static": static}
+        raise failures.with_fx_dump(e, gm, _example_args(gm), opts, name, **how) from None
     if static and opts.opt_level >= 2:
         imported = take_transposed(imported, static)
     g = verify(imported.graph)
@@ -111,7 +127,7 @@ def compile_region(
     recording.record_graph(ir_text, opts, key, name)
     sources = _layout_sources(imported, opts, name)
     if recording.tracing_only():
-        return lambda *args: list(_as_list(gm(*args)))
+        return lambda *args: _as_list(gm(*args))
 
     compiled_here: list[Compiled] = []
 
@@ -119,7 +135,7 @@ def compile_region(
         compiled_here.append(compile_nir(g, ir_text, opts, name, snapshots=bool(opts.dump_dir)))
         return compiled_here[0].entry
 
-    compiled = lookup_or_compile(key, compile_entry, disk_cache_for(opts), name)
+    compiled = _through_caches(key, compile_entry, g, ir_text, opts, name)
     if opts.dump_dir:
         if compiled_here:
             snapshots, meta = compiled_here[0].snapshots, compiled_here[0].entry.meta
@@ -127,7 +143,31 @@ def compile_region(
             snapshots, meta = stage_snapshots(g, opts), {"cache_hit": True}
         meta = {**{k: v for k, v in meta.items() if k != "ir"}, "key": key}  # IR: stage files
         dump_graph(opts.dump_dir, name, gm, g, snapshots, compiled.exe, meta)
-    return GraphRunner(compiled, sources, imported.output_slots, gm if opts.timing_only else None)
+
+    def failed(e: NeuronccInternalError) -> bool:
+        e = failures.with_ir_dump(e, ir_text, opts, name, simulate=True)
+        if not opts.fallback:
+            raise e
+        failures.report(e, name)
+        return True
+
+    slots = imported.output_slots
+    return GraphRunner(compiled, sources, slots, gm, failed, timing_only=opts.timing_only)
+
+
+def _through_caches(
+    key: str, compile_entry: Callable[[], Entry], g: Graph, ir_text: str, opts, name: str
+) -> CompiledExecutable:
+    """lookup_or_compile, an internal compiler error coming out with its IR written."""
+    try:
+        return lookup_or_compile(key, compile_entry, disk_cache_for(opts), name)
+    except NeuronccInternalError as e:
+        raise failures.with_ir_dump(e, ir_text, opts, name, simulate=False) from None
+
+
+def _example_args(gm: torch.fx.GraphModule) -> list:
+    """The placeholders' example values (fake tensors) AOTAutograd left in the graph."""
+    return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
 
 
 def _layout_sources(imported: ImportedGraph, opts: CompileOptions, name: str) -> list:
@@ -153,8 +193,8 @@ def _compile(g: Graph, opts: CompileOptions, name: str) -> tuple[str, CompiledEx
     recording.record_graph(ir_text, opts, key, name)
     if recording.tracing_only():
         return key, None
-    compiled = lookup_or_compile(
-        key, lambda: compile_nir(g, ir_text, opts, name).entry, disk_cache_for(opts), name
+    compiled = _through_caches(
+        key, lambda: compile_nir(g, ir_text, opts, name).entry, g, ir_text, opts, name
     )
     return key, compiled
 
@@ -162,19 +202,24 @@ def _compile(g: Graph, opts: CompileOptions, name: str) -> tuple[str, CompiledEx
 def _compile_or_eager(
     gm: torch.fx.GraphModule, opts: CompileOptions, name: str, static: frozenset[int] = frozenset()
 ) -> Any:
-    """compile_region, or with fallback on, the graph itself run eagerly if compiling fails."""
+    """compile_region, or with fallback on, the graph itself run eagerly if neuroncc declines
+    it or fails on it (an internal compiler error: Note [internal errors])."""
     try:
         return compile_region(gm, opts, name, static)
-    except NeuronccError as e:
-        if not opts.fallback or isinstance(e, CapacityError):
+    except UnsupportedError as e:
+        if not opts.fallback:
             raise
         warnings.warn(
             f"neuroncc could not compile graph {name} (stage {e.stage}): {e}; "
             "running it eagerly in PyTorch",
             stacklevel=2,
         )
-        STATS.add_fallback(f"graph:{e.stage}")
-        return lambda *args: list(_as_list(gm(*args)))
+        STATS.add_fallback(e.op or f"graph:{e.stage}")
+    except NeuronccInternalError as e:
+        if not opts.fallback:
+            raise
+        failures.report(e, name)
+    return lambda *args: _as_list(gm(*args))
 
 
 def _as_list(out: Any) -> list:
@@ -194,7 +239,15 @@ def compile_aten_graph(
     neuroncc declines (which then run eagerly, see partition.py). An inference graph's
     parameters and buffers (`static`, else as AOTAutograd marked them) may be laid out once
     (Note [weight layout])."""
-    declined = find_declined(gm)
+    try:
+        declined = find_declined(gm)
+    except NeuronccInternalError as e:  # a lowering rule broke on a node: Note [internal errors]
+        how = {"kind": "aten", "inference": inference, "static": static}
+        e = failures.with_fx_dump(e, gm, list(example_inputs), opts, name, **how)
+        if not opts.fallback:
+            raise e from None
+        failures.report(e, name)
+        return make_boxed_func(lambda *args: _as_list(gm(*args)))
     if not declined:
         if not inference:
             static = frozenset()
@@ -311,12 +364,11 @@ class ShapeSpecializer:
         return fn(*args)
 
 
-# Raised on purpose: neuroncc's own verdicts (fallback off, model too big for the target), and
-# the exceptions Dynamo answers itself, with a graph break (data-dependent outputs, ...) or a
-# restart.
+# What passes through the backend as it is: neuroncc's own verdicts (bad options, a model too
+# big for the target, fallback off), and the exceptions Dynamo answers itself, with a graph
+# break (data-dependent outputs, ...) or a restart. Anything else is an internal compiler error.
 _PASS_THROUGH = (
     NeuronccError,
-    IndexError,
     torch._dynamo.exc.TorchDynamoException,
     *torch._dynamo.exc.exceptions_allowed_to_be_fallback,
 )
@@ -351,14 +403,11 @@ def _aot(
     except _PASS_THROUGH:
         raise
     except Exception as e:  # a decomposition or AOTAutograd itself failed on this graph
+        err = internal_error(e, stage="aot_autograd")
+        err = failures.with_fx_dump(err, gm, example_inputs, opts, name, kind="dynamo")
         if not opts.fallback:
-            raise
-        warnings.warn(
-            f"neuroncc could not trace graph {name} (stage aot_autograd): "
-            f"{type(e).__name__}: {str(e).splitlines()[0]}; running it eagerly in PyTorch",
-            stacklevel=2,
-        )
-        STATS.add_fallback("graph:aot_autograd")
+            raise err from e
+        failures.report(err, name)
         return gm.forward
 
 

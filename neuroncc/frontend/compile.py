@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from neuroncc import __version__
 from neuroncc.codegen.lower import emit_graph
 from neuroncc.codegen.targets import get_target
+from neuroncc.errors import CapacityError, internal_error
 from neuroncc.ir.graph import Graph
 from neuroncc.ir.printer import print_graph
 from neuroncc.options import CompileOptions
@@ -45,12 +46,20 @@ def compile_nir(
     g: Graph, ir_text: str, opts: CompileOptions, name: str, snapshots: bool = False
 ) -> Compiled:
     """Run the pipeline of opts.opt_level on g (whose canonical_text is ir_text), emit the
-    executable, time it once."""
+    executable, time it once. A failure on the way is a NeuronccInternalError naming its stage
+    (CapacityError aside: the graph does not fit the target)."""
     start = time.perf_counter()
     target = get_target(opts.target)
     result = _run_passes(g, opts, snapshots)
-    exe = emit_graph(replace(result.graph, name=name), target)
-    profile = time_executable(exe, target)
+    stage = "program"
+    try:
+        exe = emit_graph(replace(result.graph, name=name), target)
+        stage = "simulate"  # the timing model
+        profile = time_executable(exe, target)
+    except CapacityError:
+        raise
+    except Exception as e:
+        raise internal_error(e, stage=stage) from e
     meta = {
         "name": name,
         "neuroncc": __version__,

@@ -6,6 +6,7 @@ on which engine, and where does the time go.
     neuroncc-dump show DUMP_OR_CACHE_KEY [--stage fuse,program] [--format text|json|dot|svg|html]
     neuroncc-dump profile DUMP [--trace trace.json]
     neuroncc-dump cache ls | show KEY | verify | clear
+    neuroncc-dump repro FILE.nir                 replay an internal compiler error
 
 DUMP is a dump directory (`options={"dump_dir": ...}`, NEURONCC_DUMP_DIR, or `run`), or one
 graph's folder in it; a cache key (or a unique prefix of one) names an entry of the persistent
@@ -30,6 +31,7 @@ from typing import Any
 
 from neuroncc.codegen.targets import get_target
 from neuroncc.frontend import report
+from neuroncc.frontend.failures import reproduce_ir
 from neuroncc.frontend.dump_read import (
     STAGES,
     DumpError,
@@ -413,6 +415,9 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--graph", help="only the graphs whose name contains this")
     pr.add_argument("--cache-dir", help="the persistent cache (for a cache key)")
 
+    rp = sub.add_parser("repro", help="replay an internal compiler error from its file")
+    rp.add_argument("file", help="the .nir file an internal compiler error wrote")
+
     c = sub.add_parser("cache", help="inspect the persistent compile cache")
     c.add_argument("action", choices=("ls", "show", "verify", "clear"))
     c.add_argument("key", nargs="?", help="for show: a key or a unique prefix")
@@ -438,6 +443,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run(args.script, args.args, args.dump_dir)
         if args.command == "cache":
             return cache_command(args.action, args.key, args.cache_dir)
+        if args.command == "repro":
+            return reproduce_ir(args.file)
         graphs = _select(load(args.dump, args.cache_dir), args.graph)
         if args.command == "profile":
             profile(graphs, args.trace)

@@ -6,7 +6,9 @@ into the IR), `call_function` nodes go to their rule, `getitem` picks from a rul
 the output node gives the graph outputs. It knows no op semantics.
 
 Every lowered result is checked against the FX node's metadata (shape and dtype), so a wrong
-rule fails at compile time, naming the node, instead of computing a wrong answer.
+rule fails at compile time, naming the node, instead of computing a wrong answer. A rule that
+breaks, or disagrees with PyTorch, is an internal compiler error (Note [internal errors]); a
+rule that declines its arguments raises UnsupportedError, and that node runs eagerly.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from neuroncc.errors import UnsupportedError
+from neuroncc.errors import NeuronccInternalError, UnsupportedError
 from neuroncc.frontend import (  # noqa: F401 (register the lowerings)
     lower_index,
     lower_nn,
@@ -31,9 +33,8 @@ from neuroncc.ir.graph import Graph, GraphBuilder, Value
 from neuroncc.ir.types import DType, TensorType
 
 
-class LoweringError(UnsupportedError):
-    """A lowering rule failed, or produced a value whose type disagrees with PyTorch's: a
-    compiler bug, reported with the node (and, with fallback on, that node runs eagerly)."""
+def _lowering_bug(message: str, node: torch.fx.Node) -> NeuronccInternalError:
+    return NeuronccInternalError(message, stage="nir", node=node.format_node())
 
 
 @dataclass
@@ -60,7 +61,7 @@ def _map_args(x: Any, env: dict[torch.fx.Node, Any]) -> Any:
 def _check_type(v: Value, expected: Any, node: torch.fx.Node) -> None:
     want = fake_type(expected)
     if v.type != want:
-        raise LoweringError(f"lowering of {node.format_node()} produced {v.type}, expected {want}")
+        raise _lowering_bug(f"lowering of {node.name} produced {v.type}, expected {want}", node)
 
 
 def lower_call(ctx: LowerCtx, node: torch.fx.Node, env: dict) -> Any:
@@ -77,9 +78,7 @@ def lower_call(ctx: LowerCtx, node: torch.fx.Node, env: dict) -> Any:
     except UnsupportedError:
         raise
     except Exception as e:  # a rule that breaks on these arguments is a compiler bug
-        raise LoweringError(
-            f"lowering {node.format_node()} failed: {type(e).__name__}: {e}", op=str(node.target)
-        ) from e
+        raise _lowering_bug(f"lowering {node.target} failed: {type(e).__name__}: {e}", node) from e
     val = node.meta.get("val")
     if isinstance(result, Value):
         _check_type(result, val, node)

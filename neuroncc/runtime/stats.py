@@ -44,6 +44,7 @@ class Stats:
         with getattr(self, "_lock", threading.Lock()):
             self._values: dict[str, float] = dict.fromkeys(_COUNTERS, 0)
             self._fallback: Counter[str] = Counter()
+            self._errors: Counter[str] = Counter()
             self._engine_busy: Counter[str] = Counter()
             self._weighted: Counter[str] = Counter()
             self._graphs: dict[str, dict[str, Any]] = {}
@@ -95,6 +96,13 @@ class Stats:
             self._warned.add(op)
         return first
 
+    def add_compiler_error(self, stage: str) -> None:
+        """One graph (or region) that failed inside neuroncc at `stage` and ran eagerly
+        (Note [internal errors]); fallback_nodes counts only ops declined for want of a
+        lowering."""
+        with self._lock:
+            self._errors[stage] += 1
+
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             out: dict[str, Any] = {
@@ -104,6 +112,7 @@ class Stats:
             for key in _WEIGHTED:
                 out[key] = self._weighted[key] / device if device else 0.0
             out["fallback_nodes"] = dict(self._fallback)
+            out["compiler_errors"] = dict(self._errors)
             out["engine_busy_seconds"] = dict(self._engine_busy)
             out["graphs"] = {
                 name: {
