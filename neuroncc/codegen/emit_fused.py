@@ -150,8 +150,9 @@ class RowKernel:
         made = [n for n in nodes if n.op == Op.FULL]
         wide = {vid for vid, c in p.kind.items() if c in ("col", "const_full")}
         n_wide = sum(1 for v in external if v in wide) + sum(1 for n in made if n.out.id in wide)
-        wide_pool = b.sbuf_pool(const_cols * itemsize, bufs=max(1, n_wide))
-        narrow_pool = b.sbuf_pool(64, bufs=max(1, len(external) + len(made) - n_wide))
+        wide_pool = b.sbuf_pool(const_cols * itemsize, bufs=n_wide) if n_wide else None
+        n_narrow = len(external) + len(made) - n_wide
+        narrow_pool = b.sbuf_pool(64, bufs=n_narrow) if n_narrow else None
         self.consts: dict[int, isa.TileRef] = {}
         self.whole_rows = const_cols == p.cols  # constants hold the whole row: slice at c0
         first_p = min(P, p.rows)

@@ -5,7 +5,7 @@ that replaces the node, or None. `simplify_rules` lists them. A node a rule crea
 the rules again (`_Emitter.add`), so every node reaches a fixed point.
 
 Invariant established: no identity reshape/transpose/broadcast/cast/slice, no chains of
-reshapes or transposes, no reshape/broadcast/transpose of a constant, no two nodes computing
+reshapes or transposes, no transpose that only moves unit axes (a reshape), no reshape/broadcast/transpose of a constant, no two nodes computing
 the same op on the same inputs, no dead nodes. Plus two algebraic rules for patterns the SDPA
 decomposition makes (`_any_not_neg_inf`, `_scale_after_matmul`), column sums as matmuls
 (`_column_sum`), squares as products (`_square`), two for the causal mask (`_logical_unit`,
@@ -96,6 +96,18 @@ def _transpose_chain(n: Node, em: _Emitter) -> Value | None:
     if perm == tuple(range(len(perm))):
         return inner.inputs[0]
     return em.add(Op.TRANSPOSE, inner.inputs, {"perm": perm})
+
+
+def _transpose_as_reshape(n: Node, em: _Emitter) -> Value | None:
+    """A transpose that only moves axes of size 1 keeps every element where it was: a reshape
+    ([1, 48] -> [48, 1], a Linear of one output's W^T; [9, 1] of a depthwise filter)."""
+    if n.op != Op.TRANSPOSE:
+        return None
+    shape = n.inputs[0].type.shape
+    moved = [axis for axis in n.attr("perm") if shape[axis] != 1]
+    if moved != sorted(moved):
+        return None
+    return em.add(Op.RESHAPE, n.inputs, {"shape": n.out.type.shape})
 
 
 def _unit_dims_first(n: Node, em: _Emitter) -> Value | None:
@@ -403,6 +415,7 @@ simplify_rules: list[Rule] = [
     _constant_fold,
     _reshape_chain,
     _transpose_chain,
+    _transpose_as_reshape,
     _any_not_neg_inf,
     _scale_after_matmul,
     _column_sum,
