@@ -182,7 +182,7 @@ class _Matcher:
         """Who reads v's data, through reshapes (members): (reader, the value it reads)."""
         found = []
         for u in self.users[v.id]:
-            if u.op is Op.RESHAPE and u.out.type.shape[-2:] == v.type.shape[-2:]:
+            if _keeps_matrices(u, v):
                 self.members.add(u.out.id)
                 found += self.readers(u.out)
             else:
@@ -432,7 +432,7 @@ def _data_readers(v: Value, mt: _Matcher) -> list[tuple[Node, Value]]:
     """Who reads v's data through reshapes, without taking anything in."""
     found = []
     for u in mt.users[v.id]:
-        if u.op is Op.RESHAPE and u.out.type.shape[-2:] == v.type.shape[-2:]:
+        if _keeps_matrices(u, v):
             found += _data_readers(u.out, mt)
         else:
             found.append((u, v))
