@@ -30,6 +30,15 @@ and dV only feed the concat of the QKV projection's gradient, they are stored in
 The pattern is the one PyTorch's SDPA backward gives (math and flash forms decompose to it).
 Softmax written out in a model gives softmax's own backward, dS = P dP - P rowsum(P dP), and
 often dKᵀ = Qᵀ dS: that form is not matched, and runs as separate kernels.
+
+Note [inputs at the boundary]: the matcher follows each input through the reshapes that keep
+its matrices to where they start, to see that dP, D and dV read one dO, but the kernel reads
+the value its own nodes read (`_read_from`): the graph stores that one, not always the start. With
+activation checkpointing the backward makes the forward's Q again; the scores' matmul and
+dK = dSᵀ Q read one reshape of it (CSE), and the fuse pass puts that reshape last in the
+elementwise kernel that makes Q, which then stores the reshape and never Q. The reshape has
+Q's elements in Q's order, with the batch axes shaped otherwise (`View.batch_offset` counts
+matrices).
 """
 
 from __future__ import annotations
@@ -64,6 +73,7 @@ class Gradient:
 
 @dataclass(frozen=True)
 class BackwardPlan:
+    # the inputs, as the kernel reads them (Note [inputs at the boundary])
     p: Value  # the softmax probabilities [B.., M, N] (saved by the forward)
     d_out: Value  # dO [B.., M, D]
     o: Value  # the forward's output O [B.., M, D]
@@ -172,7 +182,7 @@ class _Matcher:
         """Who reads v's data, through reshapes (members): (reader, the value it reads)."""
         found = []
         for u in self.users[v.id]:
-            if u.op is Op.RESHAPE and u.out.type.shape[-2:] == v.type.shape[-2:]:
+            if _keeps_matrices(u, v):
                 self.members.add(u.out.id)
                 found += self.readers(u.out)
             else:
@@ -309,7 +319,8 @@ def match(
         members |= chain
     else:
         grads = [replace(gr, dst=_view_as(View.of(gr.out), gr.matmul.out)) for gr in grads]
-    base = BackwardPlan(p, d_out, o, v_t, k, q, *grads, frozenset(members), b, m, n, d)
+    reads = (_read_from(x, members, users) for x in (p, d_out, o, v_t, k, q))
+    base = BackwardPlan(*reads, *grads, frozenset(members), b, m, n, d)
     if base.sbuf_bytes() > SBUF_SHARE * t.sbuf_partition_bytes:
         return None
     banks = t.psum_partition_bytes // t.psum_bank_bytes
@@ -386,6 +397,22 @@ def _concat_of(
     return placed, chain | {concat.out.id}
 
 
+def _read_from(x: Value, members: set[int], users: dict) -> Value:
+    """The value the kernel reads x's data from (Note [inputs at the boundary]): x, if the
+    kernel reads x itself, else the first of x's reshapes (that keep its matrices) that it
+    reads."""
+    seen = [x]
+    for v in seen:
+        if any(u.out.id in members for u in users[v.id]):
+            return v
+        seen += [u.out for u in users[v.id] if _keeps_matrices(u, v)]
+    return x
+
+
+def _keeps_matrices(u: Node, v: Value) -> bool:
+    return u.op is Op.RESHAPE and u.out.type.shape[-2:] == v.type.shape[-2:]
+
+
 def _elementwise(n: Node) -> bool:
     """n's operands have its shape (sub's second is D broadcast), no implicit broadcasting."""
     return all(x.type.shape == n.out.type.shape for x in n.inputs)
@@ -405,7 +432,7 @@ def _data_readers(v: Value, mt: _Matcher) -> list[tuple[Node, Value]]:
     """Who reads v's data through reshapes, without taking anything in."""
     found = []
     for u in mt.users[v.id]:
-        if u.op is Op.RESHAPE and u.out.type.shape[-2:] == v.type.shape[-2:]:
+        if _keeps_matrices(u, v):
             found += _data_readers(u.out, mt)
         else:
             found.append((u, v))

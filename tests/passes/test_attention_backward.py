@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils.checkpoint import checkpoint
 
 import neuroncc
 from neuroncc.codegen import costs, isa
@@ -41,6 +42,20 @@ def _explicit(q, k, v):
     dKᵀ = Qᵀ dS, a form the kernel does not take (Note [attention backward])."""
     s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     return torch.softmax(s, dim=-1) @ v
+
+
+def _recomputed(q, k, v):
+    """Activation checkpointing (as TRL's SFTTrainer has it by default): the backward graph
+    makes the forward's Q again, here with an elementwise kernel, and the scores' matmul
+    and dK = dSᵀ Q read the same reshape of it."""
+    m, n = q.shape[-2], k.shape[-2]
+    keep = torch.ones(m, n, dtype=torch.bool).tril(diagonal=n - m)
+    mask = torch.zeros(m, n).masked_fill(~keep, float("-inf"))
+
+    def attention(x, k, v):
+        return F.scaled_dot_product_attention(x * 2.0 + 1.0, k, v, attn_mask=mask)
+
+    return checkpoint(attention, q, k, v, use_reentrant=False)
 
 
 def _backward_kernels() -> list:
@@ -93,6 +108,14 @@ def test_backward_is_one_kernel_and_matches_eager(fresh, fn, shape):
     assert sum(n.startswith("attention_backward.") for n in names) == 1, names
     # dS is transposed inside the kernel; nothing of [rows, keys] is transposed outside
     assert not any(n.startswith("transpose.") for n in names), names
+
+
+def test_q_made_in_the_backward_is_read_where_it_is_stored(fresh):
+    """The kernel reads Q through the reshape the scores' matmul reads too: the kernel that
+    makes Q stores only that reshape, so the backward kernel reads it there, not Q (which
+    has no buffer)."""
+    names = _names(_grads_agree(_recomputed, 1, 2, 59, 59, 16))
+    assert sum(n.startswith("attention_backward.") for n in names) == 1, names
 
 
 def test_past_what_psum_holds_the_ops_run_apart(fresh):
