@@ -192,7 +192,20 @@ def decode_graph(data: dict) -> torch.fx.GraphModule:
             raise ValueError(f"unknown node kind {op!r}")
         node.name = name
         nodes[name] = node
-    return torch.fx.GraphModule(torch.nn.Module(), g)
+    return _as_from_dynamo(torch.fx.GraphModule(torch.nn.Module(), g))
+
+
+def _as_from_dynamo(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Mark gm as a Dynamo graph, as Dynamo's own output is marked (and as its DDPOptimizer
+    marks the graphs it splits), so that AOTAutograd reads the static marks of its
+    placeholders. Its min-cut partitioner counts a parameter as free to save for the backward
+    (it is alive anyway): without the marks it saves Wᵀ where the real run saves W, and the
+    expanded graphs are not the ones the real run looks up."""
+    gm.meta["dynamo_compile_id"] = None
+    gm._param_name_to_source = {}  # Dynamo lifts parameters to placeholders: none are left
+    for node in gm.graph.find_nodes(op="placeholder"):
+        node._dynamo_source = None  # sources name guards; expand installs none
+    return gm
 
 
 def example_args(data: dict, sizes: dict[str, int]) -> list[Any]:

@@ -107,6 +107,43 @@ def test_expand_precompiles_sizes_the_trial_did_not_reach(trial, tmp_path):
     assert _script(script, 12, 16, cache=cache)["compiles"] == 0
 
 
+TRAINING = '''
+"""Training steps of a small MLP (float inputs, nn.Parameters), one per batch size given."""
+import json, sys
+import torch
+import neuroncc
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 16))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+compiled = torch.compile(model, backend="neuron")
+for n in [int(a) for a in sys.argv[1:]]:
+    x = torch.randn(n, 16)
+    torch.nn.functional.mse_loss(compiled(x), x).backward()
+    opt.step()
+    opt.zero_grad()
+s = neuroncc.stats()
+print(json.dumps({k: s[k] for k in ("compiles", "cache_hits_disk", "fallback_nodes")}))
+'''
+
+
+def test_expand_precompiles_the_training_graphs_the_real_run_looks_up(tmp_path):
+    """Dynamo's default: the trial's second batch size makes the graph dynamic. The expanded
+    forward must save for the backward what the real run's does (a weight, not its transpose:
+    the partitioner counts parameters as free to save), or no key matches."""
+    script = tmp_path / "train.py"
+    script.write_text(TRAINING)
+    manifest = tmp_path / "graphs.jsonl"
+    _cli("record", manifest, script, 4, 6, cache=tmp_path / "unused", NEURONCC_DISK_CACHE="0")
+    cache = tmp_path / "cache"
+    proc = _cli("expand", manifest, "--sizes", "6=8,10", cache=cache)
+    assert "traced 2 new shape variant(s)" in proc.stdout
+    # in the real run, 8 is the static graph's first size and 10 the dynamic graph's: the
+    # static graph at 8 is the dynamic one specialised to 8, key for key
+    run = _script(script, 8, 10, cache=cache)
+    assert run == {"compiles": 0, "cache_hits_disk": 4, "fallback_nodes": {}}
+
+
 def test_shards_split_the_entries_between_machines(trial, tmp_path):
     _, manifest = trial
     cache = str(tmp_path / "cache")
