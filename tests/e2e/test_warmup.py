@@ -138,6 +138,7 @@ def test_expand_precompiles_the_training_graphs_the_real_run_looks_up(tmp_path):
     cache = tmp_path / "cache"
     proc = _cli("expand", manifest, "--sizes", "6=8,10", cache=cache)
     assert "traced 2 new shape variant(s)" in proc.stdout
+    assert [e.name for e in load_manifest(manifest) if e.kind == "dynamo"] == ["graph2"]
     # in the real run, 8 is the static graph's first size and 10 the dynamic graph's: the
     # static graph at 8 is the dynamic one specialised to 8, key for key
     run = _script(script, 8, 10, cache=cache)
