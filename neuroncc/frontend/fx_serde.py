@@ -1,11 +1,12 @@
 """A Dynamo FX graph with symbolic sizes as plain data, and back: what `neuroncc-warmup expand`
 re-traces at sizes the trial run did not reach.
 
-Only what Dynamo graphs of models hold is encoded: placeholders (tensors whose sizes are ints
-or plain symbols like s0, and SymInt inputs), calls of functions in torch / operator / math,
-Tensor method calls, and the output. Arguments are nodes, Python scalars, strings, tuples,
-lists, slices, Ellipsis, dtypes, devices, memory formats and layouts. Anything else raises
-NotSerializable and the graph is simply not expandable.
+Only what Dynamo graphs of models hold is encoded: placeholders (tensors whose sizes are ints,
+symbols like s0, or sizes computed from them like s0 + 1, see _size; and SymInt inputs), calls
+of functions in torch / operator / math, Tensor method calls, and the output. Arguments are
+nodes, Python scalars, strings, tuples, lists, slices, Ellipsis, dtypes, devices, memory
+formats and layouts. Anything else raises NotSerializable and the graph is simply not
+expandable.
 
 Decoding looks functions up by their qualified name (under those three modules only) and
 checks that the name it finds is the name it was given; it evaluates nothing. Running the
@@ -15,7 +16,9 @@ manifests you recorded.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import operator
 from typing import Any
 
 import torch
@@ -116,14 +119,20 @@ STATIC_MARK = "_dynamo_static_input_type"  # Dynamo's mark of a parameter or buf
 
 
 def _placeholder(node: torch.fx.Node, arg: Any) -> dict:
-    """A placeholder's spec, sizes as ints or symbol names, with the trial run's argument."""
+    """A placeholder's spec (sizes as _size encodes them), with the trial run's argument."""
     example = node.meta.get("example_value")
     if isinstance(example, torch.SymInt):
-        return {"kind": "symint", "symbol": _symbol(example), "value": int(arg)}
+        symbol = _size(example, int(arg), node.name)
+        if not isinstance(symbol, str):
+            raise NotSerializable(
+                f"its int input {node.name} is {example.node.expr}, computed from other sizes, "
+                "and expand sets only sizes of their own"
+            )
+        return {"kind": "symint", "symbol": symbol, "value": int(arg)}
     if isinstance(example, torch.Tensor) and isinstance(arg, torch.Tensor):
         return {
             "kind": "tensor",
-            "shape": [d if isinstance(d, int) else _symbol(d) for d in example.shape],
+            "shape": [_size(d, v, node.name) for d, v in zip(example.shape, arg.shape)],
             "trial_shape": list(arg.shape),
             "dtype": str(arg.dtype).removeprefix("torch."),
             "requires_grad": arg.requires_grad,
@@ -141,11 +150,81 @@ def _read_with_item(node: torch.fx.Node) -> bool:
     return any(u.op == "call_method" and u.target == "item" for u in node.users)
 
 
-def _symbol(d: torch.SymInt) -> str:
-    text = str(d.node.expr)
-    if not text.isidentifier():
-        raise NotSerializable(f"a size {text} that is an expression, not a symbol")
-    return text
+# sympy's arithmetic on sizes (by class name: torch's FloorDiv and Mod are its own classes),
+# as expand computes it; sizes are never negative, so floor division and mod are Python's
+_ARITHMETIC = {
+    "Add": "add",
+    "Mul": "mul",
+    "Pow": "pow",
+    "FloorDiv": "floordiv",
+    "CleanDiv": "floordiv",
+    "Mod": "mod",
+    "PythonMod": "mod",
+}
+_COMPUTE = {
+    "add": operator.add,
+    "mul": operator.mul,
+    "pow": operator.pow,
+    "floordiv": operator.floordiv,
+    "mod": operator.mod,
+}
+
+
+def _size(d: int | torch.SymInt, trial: int, name: str) -> int | str | dict:
+    """A size: an int (also a SymInt Dynamo specialised, as to a Linear's in_features), a
+    symbol's name, or a size computed from symbols (x[:, 1:] added to y makes x's size s1 + 1,
+    s1 being y's) as {"expr": its text, "tree": its arithmetic}, which expand computes."""
+    if isinstance(d, int) or d.node.expr.is_Integer:
+        return int(d)
+    expr = d.node.expr
+    if expr.is_Symbol:
+        return expr.name
+    try:
+        return {"expr": str(expr), "tree": _tree(expr)}
+    except _NotArithmetic as e:
+        raise NotSerializable(
+            f"the size of {name} that was {trial} in the trial is {expr}, computed from other "
+            f"sizes with {e}, which expand does not compute; record a trial at the sizes you "
+            "need instead"
+        ) from None
+
+
+class _NotArithmetic(Exception):
+    pass
+
+
+def _tree(e: Any) -> int | str | list:
+    if e.is_Integer:
+        return int(e)
+    if e.is_Symbol:
+        return e.name
+    op = _ARITHMETIC.get(type(e).__name__)
+    if op is None or (op == "pow" and not (e.args[1].is_Integer and e.args[1] >= 0)):
+        raise _NotArithmetic(type(e).__name__ if op is None else f"the power {e}")
+    return [op, *(_tree(a) for a in e.args)]
+
+
+def _compute(tree: int | str | list, sizes: dict[str, int]) -> int:
+    if isinstance(tree, int):
+        return tree
+    if isinstance(tree, str):
+        return sizes[tree]
+    op, *args = tree
+    if op not in _COMPUTE:
+        raise ValueError(f"unknown size arithmetic {op!r}")
+    return functools.reduce(_COMPUTE[op], (_compute(a, sizes) for a in args))
+
+
+def _symbols(tree: int | str | list) -> list[str]:
+    if isinstance(tree, int):
+        return []
+    if isinstance(tree, str):
+        return [tree]
+    return sorted({s for a in tree[1:] for s in _symbols(a)})
+
+
+def _size_at(size: int | str | dict, sizes: dict[str, int]) -> int:
+    return _compute(size["tree"] if isinstance(size, dict) else size, sizes)
 
 
 def encode_graph(gm: torch.fx.GraphModule, args: list[Any]) -> dict:
@@ -168,7 +247,30 @@ def encode_graph(gm: torch.fx.GraphModule, args: list[Any]) -> dict:
             nodes.append(["output", n.name, None, _encode_arg(n.args), _encode_arg({})])
         else:
             raise NotSerializable(f"a {n.op} node ({n.target})")
+    _check_computable(placeholders)
     return {"placeholders": placeholders, "nodes": nodes}
+
+
+def _check_computable(placeholders: list[dict]) -> None:
+    """Every symbol a computed size reads is an input's own size: what expand sets."""
+    own = trial_sizes({"placeholders": placeholders})
+    for size, name in _computed_sizes(placeholders):
+        missing = [s for s in _symbols(size["tree"]) if s not in own]
+        if missing:
+            raise NotSerializable(
+                f"a size of {name} is {size['expr']}, computed from {', '.join(missing)}, "
+                "which is no input's own size, so expand cannot set it"
+            )
+
+
+def _computed_sizes(placeholders: list[dict]) -> list[tuple[dict, str]]:
+    return [
+        (d, p["name"])
+        for p in placeholders
+        if p["kind"] == "tensor"
+        for d in p["shape"]
+        if isinstance(d, dict)
+    ]
 
 
 def decode_graph(data: dict) -> torch.fx.GraphModule:
@@ -192,7 +294,20 @@ def decode_graph(data: dict) -> torch.fx.GraphModule:
             raise ValueError(f"unknown node kind {op!r}")
         node.name = name
         nodes[name] = node
-    return torch.fx.GraphModule(torch.nn.Module(), g)
+    return _as_from_dynamo(torch.fx.GraphModule(torch.nn.Module(), g))
+
+
+def _as_from_dynamo(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Mark gm as a Dynamo graph, as Dynamo's own output is marked (and as its DDPOptimizer
+    marks the graphs it splits), so that AOTAutograd reads the static marks of its
+    placeholders. Its min-cut partitioner counts a parameter as free to save for the backward
+    (it is alive anyway): without the marks it saves Wᵀ where the real run saves W, and the
+    expanded graphs are not the ones the real run looks up."""
+    gm.meta["dynamo_compile_id"] = None
+    gm._param_name_to_source = {}  # Dynamo lifts parameters to placeholders: none are left
+    for node in gm.graph.find_nodes(op="placeholder"):
+        node._dynamo_source = None  # sources name guards; expand installs none
+    return gm
 
 
 def example_args(data: dict, sizes: dict[str, int]) -> list[Any]:
@@ -206,7 +321,7 @@ def example_args(data: dict, sizes: dict[str, int]) -> list[Any]:
         elif p["kind"] == "value":
             args.append(p["value"])
         else:
-            shape = [d if isinstance(d, int) else sizes[d] for d in p["shape"]]
+            shape = [_size_at(d, sizes) for d in p["shape"]]
             dtype = _torch_attr(p["dtype"], torch.dtype)
             if p["item"] is not None:
                 t = torch.tensor(p["item"], dtype=dtype)
@@ -216,6 +331,17 @@ def example_args(data: dict, sizes: dict[str, int]) -> list[Any]:
                 t = torch.zeros(shape, dtype=dtype)
             args.append(t.requires_grad_(p["requires_grad"]))
     return args
+
+
+def computed_sizes(data: dict) -> list[tuple[str, int, dict[str, int]]]:
+    """The sizes computed from symbols: (the expression, its value in the recorded call, the
+    symbols it reads with theirs), each once."""
+    trial = trial_sizes(data)
+    found: dict[str, tuple[str, int, dict[str, int]]] = {}
+    for size, _ in _computed_sizes(data["placeholders"]):
+        symbols = {s: trial[s] for s in _symbols(size["tree"])}
+        found.setdefault(size["expr"], (size["expr"], _compute(size["tree"], trial), symbols))
+    return list(found.values())
 
 
 def trial_sizes(data: dict) -> dict[str, int]:

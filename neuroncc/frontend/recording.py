@@ -133,8 +133,10 @@ def record_graph(ir_text: str, opts: CompileOptions, key: str, name: str) -> Non
 
 
 def record_dynamo(gm: Any, args: list[Any], opts: CompileOptions, name: str) -> None:
-    """Record a Dynamo graph with symbolic sizes and the arguments of its first call."""
-    if _active() is None:
+    """Record a Dynamo graph with symbolic sizes and the arguments of its first call (not
+    when expand traces one: it is recorded already, and its rebuilt copy has no sizes to
+    record)."""
+    if _active() is None or tracing_only():
         return
     import torch
 

@@ -294,6 +294,8 @@ def expand_manifest(
             continue
         trial = trial_sizes(e.graph)
         seen += [f"{e.name}: {sym}={v}" for sym, v in trial.items()]
+        for note in _computed_notes(e.name, e.graph, trial, sizes):
+            print(f"  {note}", file=sys.stderr)
         axes = {sym: sizes[v] for sym, v in trial.items() if v in sizes}
         gm = decode_graph(e.graph)
         opts = CompileOptions(**e.options, disk_cache=False)
@@ -313,6 +315,25 @@ def expand_manifest(
             f"the recorded ones: {', '.join(seen) or 'none'}"
         )
     return traced, compile_manifest(manifest, **compile_args)  # type: ignore[arg-type]
+
+
+def _computed_notes(
+    name: str, graph: dict, trial: dict[str, int], sizes: dict[int, list[int]]
+) -> list[str]:
+    """Why a size asked for is not expanded in this graph: it is computed from other sizes."""
+    from neuroncc.frontend.fx_serde import computed_sizes
+
+    notes = []
+    for expr, value, symbols in computed_sizes(graph):
+        if value in sizes and value not in trial.values():
+            reads = " and ".join(f"{s} ({v} in the trial)" for s, v in symbols.items())
+            asks = " or ".join(f"--sizes {v}=..." for v in symbols.values())
+            notes.append(
+                f"{name}: the size that was {value} in the trial is not a size of its own but "
+                f"{expr}, computed from {reads}: expand cannot set it directly; ask for {asks} "
+                "instead"
+            )
+    return notes
 
 
 def _call_with_backward(fn: object, args: list) -> None:

@@ -107,6 +107,56 @@ def test_expand_precompiles_sizes_the_trial_did_not_reach(trial, tmp_path):
     assert _script(script, 12, 16, cache=cache)["compiles"] == 0
 
 
+TRAINING = '''
+"""Training steps of a small MLP (float inputs, nn.Parameters), one per batch size given;
+argv[1] is torch.compile's dynamic ("None": Dynamo's default, or "True")."""
+import json, sys
+import torch
+import neuroncc
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 16))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+dynamic = {"None": None, "True": True}[sys.argv[1]]
+compiled = torch.compile(model, backend="neuron", dynamic=dynamic)
+for n in [int(a) for a in sys.argv[2:]]:
+    x = torch.randn(n, 16)
+    torch.nn.functional.mse_loss(compiled(x), x).backward()
+    opt.step()
+    opt.zero_grad()
+s = neuroncc.stats()
+print(json.dumps({k: s[k] for k in ("compiles", "cache_hits_disk", "fallback_nodes")}))
+'''
+
+
+@pytest.mark.parametrize(
+    ("dynamic", "trial_sizes", "graph"),
+    [
+        ("None", [4, 6], "graph2"),  # Dynamo's default: the second size makes graph2 dynamic
+        ("True", [6], "graph1"),  # the input's 16 is a size Dynamo specialised to a constant
+    ],
+)
+def test_expand_precompiles_the_training_graphs_the_real_run_looks_up(
+    tmp_path, dynamic, trial_sizes, graph
+):
+    """The expanded forward must save for the backward what the real run's does (a weight,
+    not its transpose: the partitioner counts parameters as free to save), or no key
+    matches."""
+    script = tmp_path / "train.py"
+    script.write_text(TRAINING)
+    manifest = tmp_path / "graphs.jsonl"
+    unused = tmp_path / "unused"
+    _cli("record", manifest, script, dynamic, *trial_sizes, cache=unused, NEURONCC_DISK_CACHE="0")
+    cache = tmp_path / "cache"
+    proc = _cli("expand", manifest, "--sizes", "6=8,10", cache=cache)
+    assert "traced 2 new shape variant(s)" in proc.stdout
+    assert [e.name for e in load_manifest(manifest) if e.kind == "dynamo"] == [graph]
+    # with Dynamo's default, 8 is the real run's static graph's size and 10 its dynamic
+    # graph's: the static graph at 8 is the dynamic one specialised to 8, key for key
+    run = _script(script, dynamic, 8, 10, cache=cache)
+    assert run == {"compiles": 0, "cache_hits_disk": 4, "fallback_nodes": {}}
+
+
 def test_shards_split_the_entries_between_machines(trial, tmp_path):
     _, manifest = trial
     cache = str(tmp_path / "cache")
@@ -210,3 +260,36 @@ def test_recording_a_python_callable_then_warming_a_new_cache(fresh, tmp_path):
     assert summary.compiled == [entry.name]
     # The warmed entry is under the very key the recorded run computed.
     assert [e.key for e in DiskCache(cache).entries()] == [entry.key]
+
+
+def test_a_size_computed_from_another_is_computed_and_explained(fresh, tmp_path, capsys):
+    """With dynamic=True, x[:, 1:] added to y makes x's size s + 1, s being y's: expand computes
+    it from s, and tells a user who asks for x's size to ask for y's."""
+    import torch
+
+    import neuroncc
+    from neuroncc.frontend.fx_serde import example_args, trial_sizes
+
+    manifest = tmp_path / "graphs.jsonl"
+    with neuroncc.record(manifest), torch.no_grad():
+        f = torch.compile(lambda x, y: x[:, 1:] * 2 + y, backend="neuron", dynamic=True)
+        f(torch.randn(3, 8), torch.randn(3, 7))
+    (entry,) = [e for e in load_manifest(manifest) if e.kind == "dynamo"]
+    trial = trial_sizes(entry.graph)
+    (s,) = [symbol for symbol, v in trial.items() if v == 7]
+    args = example_args(entry.graph, {**trial, s: 9})
+    x, y = [a for a in args if isinstance(a, torch.Tensor)]
+    assert (x.shape, y.shape) == ((3, 10), (3, 9))
+    assert warmup.main(["expand", str(manifest), "--sizes", "8=10"]) == 2
+    recorded = ", ".join(f"{entry.name}: {symbol}={v}" for symbol, v in trial.items())
+    assert capsys.readouterr().err.splitlines() == [
+        (
+            f"  {entry.name}: the size that was 8 in the trial is not a size of its own but "
+            f"{s} + 1, computed from {s} (7 in the trial): expand cannot set it directly; "
+            "ask for --sizes 7=... instead"
+        ),
+        (
+            "neuroncc-warmup: error: no recorded dynamic size was one of [8] in the trial; "
+            f"the recorded ones: {recorded}"
+        ),
+    ]
