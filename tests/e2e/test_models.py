@@ -169,6 +169,7 @@ def _bessel_between(x):
     return torch.special.bessel_j0(y).exp() + 1
 
 
+@pytest.mark.expect_fallback("aten.special_bessel_j0.default")
 def test_unsupported_op_runs_eagerly_between_compiled_regions(fresh):
     x = torch.randn(4, 6)
     with pytest.warns(
@@ -182,6 +183,7 @@ def test_unsupported_op_runs_eagerly_between_compiled_regions(fresh):
     assert s["compiles"] == 2 and s["executions"] == 2  # the regions before and after bessel_j0
 
 
+@pytest.mark.compiles_nothing("fallback off: the unsupported op is an error")
 def test_fallback_off_names_the_op(fresh):
     with pytest.raises(
         Exception, match=r"uses ops neuroncc cannot compile: \['aten\.special_bessel_j0\.default'\]"
@@ -191,6 +193,7 @@ def test_fallback_off_names_the_op(fresh):
         )
 
 
+@pytest.mark.compiles_nothing("the graph does not fit HBM")
 def test_tensors_too_large_for_hbm_are_an_error_with_sizes(fresh):
     # The 32 GiB intermediate exists only as a fake tensor at compile time.
     f = torch.compile(lambda x: (x.expand(2**31, 4) * 2).sum(0), backend="neuron")
@@ -201,6 +204,7 @@ def test_tensors_too_large_for_hbm_are_an_error_with_sizes(fresh):
         f(torch.ones(1, 4))
 
 
+@pytest.mark.expect_compiler_errors("program")
 def test_compiler_failure_falls_back_for_that_graph(fresh, monkeypatch, private_disk_cache):
     from neuroncc.errors import CodegenError
     from neuroncc.frontend import compile
