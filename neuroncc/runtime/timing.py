@@ -249,7 +249,9 @@ def schedule(exe: Executable, t: Target) -> tuple[Schedule, _Scheduler]:
 
 def hbm_refs(ins: isa.Instr) -> list[tuple[isa.DramRef, int, bool]]:
     """(access pattern, bytes moved, is a write) for each HBM operand of an instruction.
-    Indirect DMAs move only the rows they name, not their whole table."""
+    Indirect DMAs move only the rows they name, not their whole table. Only DMAs reach HBM."""
+    if not _is_dma(ins):
+        return []
     out = [(r, r.nbytes, False) for r in ins.reads() if isinstance(r, isa.DramRef)]
     out += [(w, w.nbytes, True) for w in ins.writes() if isinstance(w, isa.DramRef)]
     if isinstance(ins, isa.DmaGather):
