@@ -10,6 +10,15 @@ row of a tile, a contiguous stretch of HBM). Each descriptor costs a DMA engine 
 as much as a full burst (`dma_min_burst_bytes`). So small rows are overhead-bound and element-
 strided transposes slow, as the docs warn; the burst size is our approximation, the descriptor
 cost is calibrated (targets.py).
+
+Note [dma ports]: an engine's bytes cost it time once per memory side they cross. HBM is not an
+engine's: it is one resource of the core, shared by every DMA in flight, and the timing model
+charges it separately (runtime/timing.py, Note [hbm is shared]), an HBM->HBM copy for its read
+and its write. SBUF is the engines' own side ("16x DMA engines ... drive its corresponding SBUF
+bandwidth", trn2 arch guide), one port per engine: an on-chip copy (SBUF or PSUM to SBUF or
+PSUM) reads and writes through it, so its bytes cost the engine twice (`passes` = 2), half the
+rate of a copy into SBUF, as the docs give for SBUF->SBUF DMA transposes (50%, against 90% from
+HBM) and for DMA compute before NC-v4 (50% of the DMA copy rate).
 """
 
 from __future__ import annotations
@@ -33,18 +42,19 @@ def engine_ghz(engine: str, t: Target) -> float:
 @dataclass(frozen=True)
 class DmaWork:
     """What a DMA asks of the DMA engines: `descriptors` contiguous runs of `run_bytes` each
-    (`payload` bytes in all), spread over the engines."""
+    (`payload` bytes in all), spread over the engines, each byte crossing its engine's port
+    `passes` times (Note [dma ports])."""
 
     descriptors: int
     run_bytes: int
     payload: int
+    passes: int = 1
 
-    def engine_ns(self, descriptors: int, t: Target, engines: int = 1) -> float:
-        """Time one of `engines` engines moving this DMA spends on `descriptors` of its runs
-        (Note [dma efficiency]); together the engines get at most the HBM bandwidth."""
+    def engine_ns(self, descriptors: int, t: Target) -> float:
+        """Time an engine spends on `descriptors` of this DMA's runs (Note [dma efficiency]).
+        HBM's share of the cost is not here: HBM is shared (Note [dma ports])."""
         burst = max(self.run_bytes, t.dma_min_burst_bytes)
-        per_engine_gbps = min(t.dma_engine_gbps, t.hbm_gbps / max(engines, 1))
-        return descriptors * (t.dma_descriptor_ns + burst / per_engine_gbps)
+        return descriptors * (t.dma_descriptor_ns + self.passes * burst / t.dma_engine_gbps)
 
     def ideal_ns(self, t: Target) -> float:
         """The payload at full bandwidth over all engines: what a perfect DMA would take."""
@@ -64,13 +74,15 @@ def dma_work(ins: isa.Instr, t: Target) -> DmaWork:
     if work.run_bytes <= t.dma_max_descriptor_bytes:
         return work
     run = t.dma_max_descriptor_bytes
-    return DmaWork(math.ceil(work.payload / run), run, work.payload)
+    return DmaWork(math.ceil(work.payload / run), run, work.payload, work.passes)
 
 
 def _dma_work(ins: isa.Instr) -> DmaWork:
     if isinstance(ins, isa.Dma):
         payload = ins.dst.numel * ins.dst.dtype.itemsize
         run = max(1, min(_run_bytes(ins.src), _run_bytes(ins.dst), payload))
+        if isinstance(ins.src, isa.TileRef) and isinstance(ins.dst, isa.TileRef):
+            return DmaWork(math.ceil(payload / run), run, payload, passes=2)  # Note [dma ports]
     elif isinstance(ins, isa.DmaGather):
         run, payload = ins.dst.free_bytes, ins.dst.np * ins.dst.free_bytes
     elif isinstance(ins, isa.DmaScatter):
@@ -82,10 +94,11 @@ def _dma_work(ins: isa.Instr) -> DmaWork:
 
 
 def dma_ns(nbytes: int, run_bytes: int, t: Target, engines: int = 1) -> float:
-    """A transfer of nbytes in runs of run_bytes, alone on `engines` DMA engines."""
+    """A transfer of nbytes between HBM and SBUF in runs of run_bytes, alone on `engines` DMA
+    engines: the busiest engine's time, or HBM's if that is longer."""
     work = DmaWork(math.ceil(nbytes / run_bytes), run_bytes, nbytes)
     per_engine = math.ceil(work.descriptors / engines)
-    return work.engine_ns(per_engine, t, engines)
+    return max(work.engine_ns(per_engine, t), nbytes / t.hbm_gbps)
 
 
 def _vector_cycles(n: int, per_elem: float, t: Target, lowp: bool, engine: str = "dve") -> float:

@@ -123,8 +123,9 @@ TRN2 = Target(
     # 96 GiB and 2.9 TB/s over 8 cores [derived]. An LNC=2 logical core is two of these.
     hbm_bytes=12 * GIB,
     hbm_gbps=362.0,
-    # 27.2 GB/s theoretical per engine (nki-dma-overview); with 26 ns per descriptor a 32 KiB
-    # transfer of 8 partition rows x 4 KiB takes the measured 1416 ns on one engine (1c).
+    # 27.2 GB/s theoretical per engine (nki-dma-overview). 26 ns per descriptor was fitted so
+    # that 32 KiB as 8 partition rows x 4 KiB takes the measured 1416 ns on one engine (1c); the
+    # docs' example is 4 rows x 8 KiB (1309 ns here). Hold-out figures: tools/calibrate.py.
     dma_engine_gbps=27.2,
     dma_descriptor_ns=26.0,
     pe_throttle_start=0.5,

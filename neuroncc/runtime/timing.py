@@ -10,7 +10,16 @@
 - A DMA is issued on a queue (q0..q15); each queue runs in order. Its descriptors fan out over
   the DMA engines, which all queues share: on each engine its share goes into the earliest idle
   gap, so an independent transfer on another queue is never stuck behind a waiting one. The
-  DMA ends when its last share does.
+  DMA ends when its last share does, and not before HBM has moved its bytes (Note [hbm is
+  shared]).
+
+Note [hbm is shared]: HBM is one resource of the core, shared by every DMA in flight. A DMA
+reserves HBM for its HBM bytes (read and written: an HBM->HBM copy counts both) at the core's
+bandwidth, in the earliest idle gap of HBM's timeline at or after its first share starts, and
+ends no earlier than that reservation. Reservations are disjoint and each lies inside its DMA's
+span, so HBM bytes / time never exceeds the bandwidth, over the program or any kernel of it.
+`check_physics` asserts that after every timing, with the roofline's bound (device time at least
+the roofline): a model that beats physics is a bug in neuroncc (NeuronccInternalError).
 
 Nothing here touches tensor data: timing needs only the instruction stream, so a program is
 timed without being run ("timing-only": `time_executable` on any Executable). Shapes are static,
@@ -26,6 +35,7 @@ from dataclasses import asdict, dataclass
 from neuroncc.codegen import costs, isa
 from neuroncc.codegen.program import Executable
 from neuroncc.codegen.targets import Target
+from neuroncc.errors import NeuronccInternalError
 from neuroncc.ir.types import DType
 
 
@@ -35,8 +45,9 @@ class Profile:
 
     mfu / hfu follow neuron-profile: FLOPs over (TensorE peak x device time), MFU counting the
     useful 2KMN of each matmul, HFU what the 128x128 array spends (partial tiles count whole).
-    roofline_ns is max(FLOPs / peak, unavoidable HBM bytes / bandwidth): inputs read once and
-    outputs written once. spill bytes are HBM traffic of intermediate buffers, which a fused
+    roofline_ns is max(FLOPs / peak, unavoidable HBM bytes / bandwidth): what the program reads
+    of its inputs, read once, and what it writes of its outputs, written once (`io_bytes`).
+    spill bytes are HBM traffic of intermediate buffers, which a fused
     program would keep on chip. dma_efficiency is the payload at full DMA bandwidth over the
     time the engines were busy.
     """
@@ -85,8 +96,8 @@ class Schedule:
 
 
 class _Timeline:
-    """Busy intervals of one DMA engine, kept sorted and merged; `place` finds the earliest
-    idle gap at or after a time that fits a duration."""
+    """Busy intervals of one resource (a DMA engine, HBM), kept sorted and merged; `place`
+    finds the earliest idle gap at or after a time that fits a duration."""
 
     def __init__(self) -> None:
         self.starts: list[float] = []
@@ -119,6 +130,7 @@ class _Scheduler:
         self.pe_lane_free = [0.0] * (t.pe_rows // LANE_ROWS)
         self.pe_issued = 0.0
         self.dma_engines = [_Timeline() for _ in range(t.dma_engines)]
+        self.hbm = _Timeline()  # Note [hbm is shared]
         self.next_engine = 0
         self.pe_warm_ns = 0.0
         self.throttled_ns = 0.0
@@ -173,11 +185,14 @@ class _Scheduler:
         start, end = float("inf"), t0
         for k in range(engines):
             timeline = self.dma_engines[(self.next_engine + k) % len(self.dma_engines)]
-            dur = work.engine_ns(base + (k < extra), self.t, engines)
+            dur = work.engine_ns(base + (k < extra), self.t)
             s = timeline.place(t0, dur)
             start, end = min(start, s), max(end, s + dur)
             self.dma_engine_ns += dur
         self.next_engine = (self.next_engine + engines) % len(self.dma_engines)
+        hbm_ns = sum(hbm_bytes(ins)) / self.t.hbm_gbps
+        if hbm_ns > 0:
+            end = max(end, self.hbm.place(start, hbm_ns) + hbm_ns)
         self.free_at[ins.engine] = end
         return start, end
 
@@ -232,15 +247,64 @@ def schedule(exe: Executable, t: Target) -> tuple[Schedule, _Scheduler]:
     return Schedule(start, end, [ins.engine for ins in exe.instructions]), sched
 
 
-def _hbm_bytes(ins: isa.Instr) -> tuple[int, int]:
-    read = sum(r.nbytes for r in ins.reads() if isinstance(r, isa.DramRef))
+def hbm_refs(ins: isa.Instr) -> list[tuple[isa.DramRef, int, bool]]:
+    """(access pattern, bytes moved, is a write) for each HBM operand of an instruction.
+    Indirect DMAs move only the rows they name, not their whole table. Only DMAs reach HBM."""
+    if not _is_dma(ins):
+        return []
+    out = [(r, r.nbytes, False) for r in ins.reads() if isinstance(r, isa.DramRef)]
+    out += [(w, w.nbytes, True) for w in ins.writes() if isinstance(w, isa.DramRef)]
     if isinstance(ins, isa.DmaGather):
-        read = ins.dst.numel * ins.dst.dtype.itemsize  # only the gathered rows move
-    write = sum(w.nbytes for w in ins.writes() if isinstance(w, isa.DramRef))
-    if isinstance(ins, isa.DmaScatter):
-        write = ins.src.numel * ins.src.dtype.itemsize  # only the scattered rows move
-        read = 0 if ins.combine == "set" else write
-    return read, write
+        out = [(ins.table, ins.dst.numel * ins.dst.dtype.itemsize, False)]
+    elif isinstance(ins, isa.DmaScatter):
+        rows = ins.src.numel * ins.src.dtype.itemsize
+        out = [(ins.table, rows, True)] + ([(ins.table, rows, False)] * (ins.combine != "set"))
+    return out
+
+
+def hbm_bytes(ins: isa.Instr) -> tuple[int, int]:
+    """(bytes read, bytes written) of HBM by one instruction."""
+    refs = hbm_refs(ins)
+    return sum(n for _, n, w in refs if not w), sum(n for _, n, w in refs if w)
+
+
+def io_bytes(instructions, reads: dict[str, int], writes: dict[str, int]) -> int:
+    """HBM bytes that moving these instructions' data needs at the least: per buffer of `reads`
+    (name -> size) what they read of it, read once, and per buffer of `writes` what they write,
+    written once. "What they read" is the smallest of the buffer's size, the bytes of the
+    distinct access patterns read (a tile read again is needed once) and the union of their
+    spans: never more than the instructions move, so a timing that moves them is never faster
+    than these bytes at the bandwidth."""
+    distinct: dict[tuple[str, bool], dict] = defaultdict(dict)
+    for i, ins in enumerate(instructions):
+        if not _is_dma(ins):
+            continue
+        for ref, nbytes, write in hbm_refs(ins):
+            if ref.buffer in (writes if write else reads):
+                # an indirect DMA's rows depend on its index: never the same as another's
+                key = ref if nbytes == ref.nbytes else (ref, i)
+                distinct[ref.buffer, write][key] = (nbytes, ref)
+    total = 0
+    for (name, write), refs in distinct.items():
+        size = (writes if write else reads)[name]
+        spans = [_byte_span(ref) for _, ref in refs.values()]
+        total += min(size, sum(n for n, _ in refs.values()), _union_length(spans))
+    return total
+
+
+def _byte_span(ref: isa.DramRef) -> tuple[int, int]:
+    lo, hi = ref.span()
+    return lo * ref.dtype.itemsize, hi * ref.dtype.itemsize
+
+
+def _union_length(intervals: list[tuple[int, int]]) -> int:
+    length, reach = 0, None
+    for lo, hi in sorted(intervals):
+        if reach is None or lo > reach:
+            length, reach = length + hi - lo, hi
+        elif hi > reach:
+            length, reach = length + hi - reach, hi
+    return length
 
 
 def _tile_bytes(refs, mem: str) -> int:
@@ -251,14 +315,39 @@ def _tile_bytes(refs, mem: str) -> int:
 
 def roofline_ns(exe: Executable, t: Target) -> float:
     """max(FLOPs / peak, unavoidable HBM bytes / bandwidth) for this executable's work:
-    its matmul FLOPs at the peak of their dtype, its inputs read and outputs written once."""
-    compute = sum(
+    its matmul FLOPs at the peak of their dtype, what it reads of its inputs read once and what
+    it writes of its outputs written once (io_bytes: an input it never reads costs nothing, a
+    slice of one only the slice)."""
+    reads = {b.name: b.nbytes for b in exe.buffers if b.kind == "input"}
+    writes = {b.name: b.nbytes for b in exe.buffers if b.kind == "output"}
+    io = io_bytes(exe.instructions, reads, writes)
+    return max(_compute_ns(exe.instructions, t), io / t.hbm_gbps)
+
+
+def _compute_ns(instructions, t: Target) -> float:
+    return sum(
         costs.matmul_flops(ins) / t.peak_flops_per_ns(ins.moving.dtype)
-        for ins in exe.instructions
+        for ins in instructions
         if isinstance(ins, isa.Matmul)
     )
-    io = sum(b.nbytes for b in exe.buffers if b.kind in ("input", "output"))
-    return max(compute, io / t.hbm_gbps)
+
+
+def check_physics(what: str, ns: float, hbm: int, roofline: float, t: Target) -> None:
+    """A timing of `ns` that moved `hbm` bytes of HBM obeys physics: at most the target's HBM
+    bandwidth, and no faster than its roofline (Note [hbm is shared]). NeuronccInternalError
+    otherwise: the cost model beat the hardware, a bug in neuroncc."""
+    slack = 1e-9 * ns + 1e-6  # float rounding of sums of reservations
+    if hbm > (ns + slack) * t.hbm_gbps:
+        raise NeuronccInternalError(
+            f"{what} moves {hbm} B of HBM in {ns:.1f} ns: {hbm / max(ns, 1e-9):.1f} GB/s, over "
+            f"{t.name}'s {t.hbm_gbps:g} GB/s",
+            stage="simulate",
+        )
+    if roofline > ns + slack:
+        raise NeuronccInternalError(
+            f"{what} takes {ns:.1f} ns, under its roofline of {roofline:.1f} ns on {t.name}",
+            stage="simulate",
+        )
 
 
 def time_executable(exe: Executable, t: Target) -> Profile:
@@ -276,7 +365,7 @@ def time_executable(exe: Executable, t: Target) -> Profile:
             flops += costs.matmul_flops(ins)
             hw_flops += costs.matmul_hw_flops(ins, t)
             peak_ns += costs.matmul_hw_flops(ins, t) / t.peak_flops_per_ns(ins.moving.dtype)
-        r, w = _hbm_bytes(ins)
+        r, w = hbm_bytes(ins)
         read, write = read + r, write + w
         if _is_dma(ins):
             dma_payload += costs.dma_work(ins, t).payload
@@ -291,7 +380,7 @@ def time_executable(exe: Executable, t: Target) -> Profile:
     # Utilisation against the peak of the dtypes actually multiplied (fp32 runs at 1/4).
     dtype_peak = hw_flops / peak_ns if peak_ns else t.peak_flops_per_ns(DType.BF16)
     ideal_dma_ns = dma_payload / (t.dma_gbps / t.dma_engines)
-    return Profile(
+    profile = Profile(
         target=t.name,
         device_ns=total,
         engine_busy_ns=dict(busy),
@@ -313,13 +402,18 @@ def time_executable(exe: Executable, t: Target) -> Profile:
         throttled_ns=state.throttled_ns,
         roofline_ns=roofline_ns(exe, t),
     )
+    what = f"executable {exe.name}"
+    check_physics(what, total, profile.hbm_bytes, profile.roofline_ns, t)
+    return profile
 
 
 @dataclass(frozen=True)
 class KernelCost:
     """One kernel of an executable: its span in the schedule and what it does in it.
     fraction = roofline_ns / (end_ns - start_ns), the kernel's own roofline being
-    max(matmul FLOPs / peak, its HBM bytes / bandwidth)."""
+    max(matmul FLOPs / peak, the HBM bytes it needs / bandwidth), where what it needs counts
+    every buffer it reads or writes (io_bytes), temporaries too: they are its inputs and
+    outputs. hbm_bytes is what it moves."""
 
     name: str
     start_ns: float
@@ -341,35 +435,36 @@ class KernelCost:
 
 
 def kernel_costs(exe: Executable, t: Target) -> list[KernelCost]:
+    """Each kernel's cost, checked against physics as the whole program's is (a kernel's
+    DMAs' HBM reservations lie inside its span: Note [hbm is shared])."""
     sched, _ = schedule(exe, t)
+    sizes = {b.name: b.nbytes for b in exe.buffers}
     out = []
     for k in exe.kernels:
         if k.start == k.stop:
             continue
         busy: dict[str, float] = defaultdict(float)
         flops = hbm = 0
-        compute_ns = 0.0
-        for i in range(k.start, k.stop):
-            ins = exe.instructions[i]
+        instructions = exe.instructions[k.start : k.stop]
+        for i, ins in enumerate(instructions, k.start):
             group = "dma" if _is_dma(ins) else ins.engine
             busy[group] += (sched.end[i] - sched.start[i]) * busy_share(ins, t)
-            if isinstance(ins, isa.Matmul):
-                flops += costs.matmul_flops(ins)
-                compute_ns += costs.matmul_flops(ins) / t.peak_flops_per_ns(ins.moving.dtype)
-            hbm += sum(_hbm_bytes(ins))
-        out.append(
-            KernelCost(
-                name=k.name,
-                start_ns=min(sched.start[k.start : k.stop]),
-                end_ns=max(sched.end[k.start : k.stop]),
-                engine=max(busy, key=busy.__getitem__),
-                busy_ns=dict(busy),
-                instructions=k.stop - k.start,
-                flops=flops,
-                hbm_bytes=hbm,
-                roofline_ns=max(compute_ns, hbm / t.hbm_gbps),
-            )
+            flops += costs.matmul_flops(ins)
+            hbm += sum(hbm_bytes(ins))
+        io = io_bytes(instructions, sizes, sizes)
+        cost = KernelCost(
+            name=k.name,
+            start_ns=min(sched.start[k.start : k.stop]),
+            end_ns=max(sched.end[k.start : k.stop]),
+            engine=max(busy, key=busy.__getitem__),
+            busy_ns=dict(busy),
+            instructions=k.stop - k.start,
+            flops=flops,
+            hbm_bytes=hbm,
+            roofline_ns=max(_compute_ns(instructions, t), io / t.hbm_gbps),
         )
+        check_physics(f"kernel {k.name} of {exe.name}", cost.ns, hbm, cost.roofline_ns, t)
+        out.append(cost)
     return out
 
 

@@ -46,6 +46,7 @@ def test_blocked_gemm_is_compute_bound_near_the_roofline(tutorial):
 
 
 def test_dma_32kib_on_one_trn2_engine_takes_about_1416ns():
+    # Fitted (as 8 rows of 4 KiB: 1413 ns); the docs' shape, 4 rows of 8 KiB, is 1309 ns.
     assert calibrate.dma_32kib_one_engine_ns("trn2") == pytest.approx(1416, rel=0.15)
     # The docs' example: a 128x1024 fp32 load is 16 such transfers, one per engine, in parallel;
     # together they are held to the core's HBM bandwidth.
@@ -54,6 +55,18 @@ def test_dma_32kib_on_one_trn2_engine_takes_about_1416ns():
     kb.load(kb.sbuf((128, 1024), F32), a[:, :])
     hbm_bound = 128 * 1024 * 4 / TRN2.hbm_gbps
     assert hbm_bound <= time_executable(kb.finish(), TRN2).device_ns <= 1.2 * max(hbm_bound, 1416)
+
+
+def test_holdout_figures_are_reported_and_the_trn2_gemms_within_20_percent():
+    """Published figures not used in fitting (tools/calibrate.py HOLDOUT). Only the GEMM
+    latencies are held to a band, the one the fitted figures meet; the DMA rows are reported,
+    not asserted: the model is 2-3x off on small transfers (README, "The performance model")."""
+    rows = calibrate.holdout_rows()
+    assert len(rows) == len(calibrate.HOLDOUT) >= 10
+    for check, value in rows:
+        assert value > 0, check.figure
+        if check.unit == "ms":
+            assert abs(check.error(value)) < 0.20, (check.figure, value)
 
 
 def test_dependent_tiny_scalar_instructions_run_one_per_189ns_on_trn1():
