@@ -147,6 +147,15 @@ def _source(v: Value, producers: dict[int, Node]) -> Value:
 
 
 def _swaps_last_two(n: Node) -> bool:
+    """A transpose of the last two axes; or, where one of them has size 1 (one query row),
+    the reshape simplify makes of it (`_transpose_as_reshape`)."""
+    if n.op is Op.RESHAPE:  # batch axes may be regrouped, as reshapes merge
+        x, out = n.inputs[0].type.shape, n.out.type.shape
+        if len(x) < 2 or len(out) < 2 or 1 not in x[-2:]:
+            return False
+        return out[-2:] == (x[-1], x[-2]) and math.prod(out[:-2]) == math.prod(x[:-2])
+    if n.op is not Op.TRANSPOSE:
+        return False
     perm = tuple(n.attr("perm"))
     r = len(perm)
     return r >= 2 and perm == (*range(r - 2), r - 1, r - 2)
@@ -268,7 +277,7 @@ def match(
     for u, via in mt.readers(ds.out):
         if u.op is Op.MATMUL and u.inputs[0].id == via.id and dq is None:
             dq = u
-        elif u.op is Op.TRANSPOSE and _swaps_last_two(u) and dk is None:
+        elif _swaps_last_two(u) and dk is None:
             mt.members.add(u.out.id)
             dk = next((x for x, xv in mt.readers(u.out) if x.op is Op.MATMUL), None)
             if dk is None or dk.inputs[0].id not in mt.members | {u.out.id}:
@@ -278,7 +287,7 @@ def match(
     # P's other reader: Pᵀ for dV = Pᵀ dO
     dv = None
     for u, _ in _data_readers(p, mt):
-        if u.op is Op.TRANSPOSE and _swaps_last_two(u) and dv is None:
+        if _swaps_last_two(u) and dv is None:
             for x, xv in _data_readers(u.out, mt):
                 reads_do = _source(x.inputs[1], producers).id == d_out.id
                 if x.op is Op.MATMUL and x.inputs[0].id == xv.id and reads_do:
