@@ -108,9 +108,7 @@ def _from_env(key: str, var: str, raw: str) -> Any:
         try:
             return int(raw)
         except ValueError:
-            raise OptionsError(
-                f"environment variable {var}={raw!r}: expected an integer"
-            ) from None
+            raise OptionsError(f"environment variable {var}={raw!r}: expected an integer") from None
     return raw
 
 

@@ -230,7 +230,9 @@ def pooling(draw) -> Case:
     pad = draw(st.integers(0, k // 2))
     ceil = draw(st.booleans())
     fn = getattr(F, f"{kind}_pool{dims}d")
-    text = f"{fn.__name__}(x, {k}, stride={stride}, padding={pad}, ceil_mode={ceil}) on {list(shape)}"
+    text = (
+        f"{fn.__name__}(x, {k}, stride={stride}, padding={pad}, ceil_mode={ceil}) on {list(shape)}"
+    )
     return Case(
         text,
         _Fn(lambda x: fn(x, k, stride=stride, padding=pad, ceil_mode=ceil), text),
@@ -419,9 +421,7 @@ def _run(module: nn.Module, fn: Callable, inputs: list, train: bool) -> list[tor
     if not float_outs:
         return outs
     gen = torch.Generator().manual_seed(1)
-    total = sum(
-        (o.float() * torch.randn(o.shape, generator=gen)).sum() for o in float_outs
-    )
+    total = sum((o.float() * torch.randn(o.shape, generator=gen)).sum() for o in float_outs)
     total.backward()
     grads = [p.grad for p in module.parameters() if p.grad is not None]
     grads += [x.grad for x in xs if x.grad is not None]
@@ -432,7 +432,8 @@ def check(case: Case, dtype: torch.dtype = torch.float32, train: bool | None = N
     """Compile `case` and compare it with eager; never raises. Both are measured against the
     same computation in float64 (from the same rounded parameters and inputs): the compiled
     result may be off by the dtype's tolerance, or by twice what eager itself is off, whichever
-    is more (eager fp32 is off by 1e-3 where a ReLU6 meets its clip, say)."""
+    is more (eager fp32 is off by 1e-3 where a ReLU6 meets its clip, say). See Note [results
+    eager cannot resolve] for the references a result that fails this gets."""
     train = case.train if train is None else train
     start = time.perf_counter()
     torch.manual_seed(0)
@@ -463,20 +464,79 @@ def check(case: Case, dtype: torch.dtype = torch.float32, train: bool | None = N
     compiled_or_cached = s["compiles"] + s["cache_hits_memory"] + s["cache_hits_disk"]
     if compiled_or_cached == 0 and s["dynamo_graphs"] > 0 and any(t.numel() for t in want):
         problems.append("nothing compiled")
-    problems += _mismatches(got, want, exact, TOLERANCE[dtype])
+    mismatches = _mismatches(got, [want], exact, TOLERANCE[dtype])
+    if mismatches and exact is not None:
+        mismatches = _mismatches(
+            got, _rounding_samples(module, inputs, train, want, dtype), exact, TOLERANCE[dtype]
+        )
+    problems += mismatches
     return Outcome(what, not problems, "; ".join(problems), _since(start))
+
+
+# Note [results eager cannot resolve]
+# Some results are ill-conditioned in the dtype: the gradient of a BatchNorm's weight when a
+# training-mode BatchNorm follows it is a sum whose exact value is near zero (the second norm
+# removes what the first scales), so every fp32 computation of it is mostly rounding: eager
+# is off by 1e-3 to 3 relative, neuroncc likewise. LayerNorm over two elements is another. One
+# eager run says little about how far the dtype's rounding can take such a result, so a
+# result that fails against eager gets more references: PyTorch's decomposed graph
+# (`aot_eager_decomp_partition`, the algorithm neuroncc lowers) and eager on inputs and
+# parameters nudged by a few units in the last place. The nudge moves the exact result by
+# ~1e-7 (it is the float64 computation's own sensitivity), so each nudged run's error against
+# float64 is a fresh sample of eager's rounding error (fp32 only: bf16 data is computed in fp32,
+# and its own last place, 1%, is no rounding sample). The compiled result passes if it is
+# within twice the worst sample; a miscompile stays far outside them. Only failing results
+# pay for the extra runs.
+NUDGES = 4
+
+
+def _rounding_samples(
+    module: nn.Module, inputs: list, train: bool, want: list, dtype: torch.dtype
+) -> list[list]:
+    samples = [want]
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fn = torch.compile(module, backend="aot_eager_decomp_partition")
+        try:
+            samples.append(_run(module, fn, inputs, train))
+        except Exception as e:  # noqa: BLE001  (no decomposed reference: the others decide)
+            print(f"(no decomposed reference: {type(e).__name__})", file=sys.stderr)
+    if dtype != torch.float32:
+        return samples  # a bf16 input's last place is 1%: a nudge there is no rounding sample
+    for seed in range(NUDGES):
+        gen = torch.Generator().manual_seed(seed)
+        nudged = copy.deepcopy(module)
+        with torch.no_grad():
+            for p in nudged.parameters():
+                p.copy_(_nudge(p, gen))
+        xs = [_nudge(x, gen) if x.is_floating_point() else x for x in inputs]
+        samples.append(_run(nudged, nudged, xs, train))
+    return samples
+
+
+def _nudge(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """t moved by up to two units in the last place of its dtype, at random."""
+    ulp = torch.finfo(t.dtype).eps
+    noise = (2 * torch.rand(t.shape, generator=gen) - 1) * (2 * ulp)
+    return (t.detach().float() * (1 + noise)).to(t.dtype)
 
 
 def _float64(module: nn.Module, inputs: list[torch.Tensor], train: bool) -> list | None:
     """The case computed in float64 from the same (rounded) values, or None if eager cannot."""
     exact = copy.deepcopy(module).double()
     try:
-        return _run(exact, exact, [x.double() if x.is_floating_point() else x for x in inputs], train)
+        return _run(
+            exact, exact, [x.double() if x.is_floating_point() else x for x in inputs], train
+        )
     except Exception:  # noqa: BLE001  (an op without float64: compare with eager alone)
         return None
 
 
-def _mismatches(got: list, want: list, exact: list | None, tol: float) -> list[str]:
+def _mismatches(got: list, samples: list[list], exact: list | None, tol: float) -> list[str]:
+    """Results off by more than the dtype's tolerance and twice the worst reference sample
+    (each sample a list of results; eager alone, without a float64 computation)."""
+    want = samples[0]
     if len(got) != len(want):
         return [f"{len(got)} results, eager has {len(want)}"]
     problems = []
@@ -485,7 +545,9 @@ def _mismatches(got: list, want: list, exact: list | None, tol: float) -> list[s
             err, allowed = _rel_error(a, b), tol
         else:
             err = _rel_error(a, exact[i])
-            allowed = max(tol, 2 * _rel_error(b, exact[i]))
+            allowed = max(
+                tol, *(2 * _rel_error(s[i], exact[i]) for s in samples if len(s) == len(got))
+            )
         if err > allowed:
             problems.append(f"result {i} {list(b.shape)} off by {err:.2e} (allowed {allowed:.1e})")
     return problems
@@ -511,7 +573,7 @@ def campaign(families: list[str], cases: int, seed: int | None, progress: bool) 
             suppress_health_check=list(HealthCheck),
         )
         @given(case=FAMILIES[family](), bf16=st.booleans(), train=st.booleans())
-        def run(case: Case, bf16: bool, train: bool) -> None:
+        def run(case: Case, bf16: bool, train: bool, family: str = family) -> None:
             outcome = check(case, torch.bfloat16 if bf16 else torch.float32, train)
             outcomes.append(outcome)
             if progress:

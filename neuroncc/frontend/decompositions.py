@@ -198,19 +198,17 @@ def _pool_geometry(x, kernel, stride, padding):
     return kernel, (stride * k if len(stride) == 1 else stride), padding
 
 
-def _avg_pool_divisor(x, kernel, stride, padding, count_include_pad, divisor_override, out_sp):
-    """Per output position: what avg_pool divides by (torch's rules for padding)."""
+def _avg_pool_divisor(
+    x, kernel, stride, padding, count_include_pad, divisor_override, out_sp, extra
+):
+    """Per output position: what avg_pool divides by (torch's rules for padding: with
+    count_include_pad the padding counts, what ceil_mode reaches past it never does)."""
     if divisor_override:
         return divisor_override
-    if count_include_pad:
-        # Windows are clipped to the padded extent, never beyond it.
-        ones = torch.ones(x.shape[-len(kernel) :], dtype=x.dtype, device=x.device)
-        ones = torch.nn.functional.pad(
-            ones, [p for q in reversed(padding) for p in (q, q)], value=1.0
-        )
-    else:
-        ones = torch.ones(x.shape[-len(kernel) :], dtype=x.dtype, device=x.device)
-        ones = torch.nn.functional.pad(ones, [p for q in reversed(padding) for p in (q, q)])
+    ones = torch.ones(x.shape[-len(kernel) :], dtype=x.dtype, device=x.device)
+    pad = float(bool(count_include_pad))
+    ones = torch.nn.functional.pad(ones, [p for q in reversed(padding) for p in (q, q)], value=pad)
+    ones = torch.nn.functional.pad(ones, [v for e in reversed(extra) for v in (0, e)])
     win = _windows(ones.contiguous(), out_sp, kernel, stride)
     return win.sum(list(range(len(kernel), 2 * len(kernel))))
 
@@ -233,18 +231,45 @@ def _windows(t, out_sp, kernel, stride):
 def _avg_pool2d(
     x, kernel, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None
 ):
-    """Average pooling as window sums over a strided view of the padded input."""
-    if ceil_mode:
-        return NotImplemented
+    """Average pooling as window sums over a strided view of the padded input (with
+    `ceil_mode`, zeros past the right edge for the last, partial windows)."""
     padding = [padding] if isinstance(padding, int) else padding
     kernel, stride, padding = _pool_geometry(x, kernel, stride, padding)
     k = len(kernel)
-    xp = torch.nn.functional.pad(x, [p for q in reversed(padding) for p in (q, q)]).contiguous()
-    out_sp = [(xp.shape[-k + d] - kernel[d]) // stride[d] + 1 for d in range(k)]
+    sizes = list(x.shape[-k:])
+    out_sp = _pool_out_sizes(sizes, kernel, stride, padding, ceil_mode)
+    extra = _ceil_extra(sizes, kernel, stride, padding, out_sp)
+    xp = torch.nn.functional.pad(x, _pad_list(padding, extra)).contiguous()
     sums = _windows(xp, out_sp, kernel, stride).sum(list(range(x.dim(), x.dim() + k)))
     return sums / _avg_pool_divisor(
-        x, kernel, stride, padding, count_include_pad, divisor_override, out_sp
+        x, kernel, stride, padding, count_include_pad, divisor_override, out_sp, extra
     )
+
+
+def _pool_out_sizes(sizes, kernel, stride, padding, ceil_mode) -> list[int]:
+    """PyTorch's pooling output size: with ceil_mode a last, partial window counts if it
+    starts inside the input or its left padding."""
+    out = []
+    for n, kk, s, p in zip(sizes, kernel, stride, padding, strict=True):
+        span = n + 2 * p - kk
+        o = (span + (s - 1 if ceil_mode else 0)) // s + 1
+        if ceil_mode and (o - 1) * s >= n + p:
+            o -= 1
+        out.append(o)
+    return out
+
+
+def _ceil_extra(sizes, kernel, stride, padding, out_sp) -> list[int]:
+    """Per axis: how far ceil_mode's last window reaches past the padded input."""
+    return [
+        max(0, (o - 1) * s + kk - (n + 2 * p))
+        for n, kk, s, p, o in zip(sizes, kernel, stride, padding, out_sp, strict=True)
+    ]
+
+
+def _pad_list(padding, extra) -> list[int]:
+    """F.pad's list (last axis first): `padding` both sides, then `extra` on the right."""
+    return [v for q, e in zip(reversed(padding), reversed(extra), strict=True) for v in (q, q + e)]
 
 
 def _avg_pool2d_backward(
@@ -252,15 +277,14 @@ def _avg_pool2d_backward(
 ):
     """Each output's gradient, divided by its divisor, added back into every position of its
     window (index_add over the window positions of the padded input), then cropped."""
-    if ceil_mode:
-        return NotImplemented
     kernel, stride, padding = _pool_geometry(x, kernel, stride, padding)
     k = len(kernel)
-    padded = [x.shape[-k + d] + 2 * padding[d] for d in range(k)]
     out_sp = list(grad_out.shape[-k:])
+    extra = _ceil_extra(list(x.shape[-k:]), kernel, stride, padding, out_sp)
+    padded = [x.shape[-k + d] + 2 * padding[d] + extra[d] for d in range(k)]
     lead = list(x.shape[: x.dim() - k])
     g = grad_out / _avg_pool_divisor(
-        x, kernel, stride, padding, count_include_pad, divisor_override, out_sp
+        x, kernel, stride, padding, count_include_pad, divisor_override, out_sp, extra
     )
     positions = _windows(
         torch.arange(math.prod(padded), device=x.device).view(padded), out_sp, kernel, stride
@@ -285,6 +309,46 @@ def _adaptive_matrix(out_size: int, in_size: int, like):
     i = torch.arange(in_size, device=like.device)
     inside = (i[None, :] >= starts[:, None]) & (i[None, :] < ends[:, None])
     return inside.to(like.dtype) / (ends - starts)[:, None].to(like.dtype)
+
+
+def _adaptive_windows(out_size: int, in_size: int, device) -> torch.Tensor:
+    """[out, K] input indices of adaptive pooling's windows, K the longest window; shorter
+    windows repeat their last index (which changes neither a max nor its argmax)."""
+    o = torch.arange(out_size, device=device)
+    starts = torch.div(o * in_size, out_size, rounding_mode="floor")
+    ends = torch.div((o + 1) * in_size + out_size - 1, out_size, rounding_mode="floor")
+    longest = max(
+        -(-(i + 1) * in_size // out_size) - i * in_size // out_size for i in range(out_size)
+    )
+    j = torch.arange(longest, device=device)
+    return torch.minimum(starts[:, None] + j[None, :], ends[:, None] - 1)
+
+
+def _adaptive_max_pool2d(x, output_size):
+    """Adaptive max pooling whose windows differ in length (PyTorch's own decomposition
+    covers only even windows): the windows gathered as [..., oh, ow, Kh*Kw], their max, and
+    the flat index ih*W + iw of the first maximum."""
+    h, w = x.shape[-2:]
+    oh, ow = output_size
+    if oh == 0 or ow == 0 or h == 0 or w == 0 or (h % oh == 0 and w % ow == 0):
+        return decomposition_table_torch[aten.adaptive_max_pool2d.default](x, output_size)
+    ih = _adaptive_windows(oh, h, x.device)  # [oh, Kh]
+    iw = _adaptive_windows(ow, w, x.device)  # [ow, Kw]
+    kh, kw = ih.shape[1], iw.shape[1]
+    win = x[..., ih[:, None, :, None], iw[None, :, None, :]]  # [..., oh, ow, Kh, Kw]
+    win = win.reshape(*x.shape[:-2], oh, ow, kh * kw)
+    values, arg = win.max(-1)
+    flat = (ih[:, None, :, None] * w + iw[None, :, None, :]).reshape(oh, ow, kh * kw)
+    flat = flat.expand(*x.shape[:-2], oh, ow, kh * kw)
+    return values, torch.gather(flat, -1, arg.unsqueeze(-1)).squeeze(-1)
+
+
+def _adaptive_max_pool2d_backward(grad_out, x, indices):
+    """Each output's gradient added at its maximum's flat index."""
+    lead = x.shape[:-2]
+    flat = torch.zeros(*lead, x.shape[-2] * x.shape[-1], dtype=grad_out.dtype, device=x.device)
+    flat = flat.scatter_add(-1, indices.flatten(-2), grad_out.flatten(-2))
+    return flat.view(x.shape)
 
 
 def _adaptive_avg_pool2d_backward(grad_out, x):
@@ -430,6 +494,8 @@ def decomposition_table() -> dict:
     table[aten.avg_pool2d.default] = _avg_pool2d
     table[aten.avg_pool2d_backward.default] = _avg_pool2d_backward
     table[aten._adaptive_avg_pool2d_backward.default] = _adaptive_avg_pool2d_backward
+    table[aten.adaptive_max_pool2d.default] = _adaptive_max_pool2d
+    table[aten.adaptive_max_pool2d_backward.default] = _adaptive_max_pool2d_backward
     for op in (
         aten.replication_pad1d_backward.default,
         aten.replication_pad2d_backward.default,

@@ -31,7 +31,6 @@ from typing import Any
 
 from neuroncc.codegen.targets import get_target
 from neuroncc.frontend import report
-from neuroncc.frontend.failures import reproduce_ir
 from neuroncc.frontend.dump_read import (
     STAGES,
     DumpError,
@@ -45,6 +44,7 @@ from neuroncc.frontend.dump_read import (
     load_cache_entry,
     open_cache_for,
 )
+from neuroncc.frontend.failures import reproduce_ir
 from neuroncc.ir.jsonform import graph_to_json
 
 # -- output -----------------------------------------------------------------------------------

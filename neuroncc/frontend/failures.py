@@ -94,7 +94,7 @@ def with_fx_dump(
 
     try:
         script = generate_compiler_repro_string(gm, args)
-    except Exception as failed:  # PyTorch's minifier could not write this graph
+    except Exception as failed:  # noqa: BLE001  (PyTorch's minifier could not write this graph)
         e.dump = f"(no repro: PyTorch's repro writer failed: {type(failed).__name__}: {failed})"
         e.args = (e._text(),)
         return e
@@ -133,14 +133,14 @@ def reproduce_ir(path: str) -> int:
 
     text = Path(path).read_text()
     lines = text.splitlines()
-    fields = next((ln[len(_HEADER_OPTIONS) :] for ln in lines if ln.startswith(_HEADER_OPTIONS)))
+    fields = next(ln[len(_HEADER_OPTIONS) :] for ln in lines if ln.startswith(_HEADER_OPTIONS))
     opts = CompileOptions(**json.loads(fields), disk_cache=False)
     g = parse(text)
     try:
         compiled = compile_nir(g, text, opts, g.name)
         if _HEADER_SIMULATE in lines:
             CompiledExecutable(compiled.entry.executable).run(_random_inputs(g))
-    except Exception:
+    except Exception:  # noqa: BLE001  (whatever it is, the replay reports it)
         traceback.print_exc()
         print(f"reproduced: {path} still fails", file=sys.stderr)
         return 1
@@ -189,7 +189,7 @@ def reproduce_fx(mod: Any, load_args: Any, name: str, fields: str, **how: Any) -
             grads = [o for o in _flat(outs) if isinstance(o, torch.Tensor) and o.requires_grad]
             if grads:
                 sum(o.float().sum() for o in grads).backward()
-    except Exception:
+    except Exception:  # noqa: BLE001  (whatever it is, the replay reports it)
         traceback.print_exc()
         print(f"reproduced: graph {name} still fails", file=sys.stderr)
         return 1

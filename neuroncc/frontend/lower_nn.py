@@ -200,12 +200,12 @@ def lower_batch_norm_train(
 
     def update(old: Value, new: Value) -> Value:
         keep = ctx.op(Op.MUL, ctx.cast(old, DType.F32), ctx.full(1 - momentum, shape, DType.F32))
-        return ctx.cast(
-            ctx.op(Op.ADD, keep, ctx.op(Op.MUL, new, ctx.full(momentum, shape, DType.F32))),
-            old.type.dtype,
-        )
+        return ctx.op(Op.ADD, keep, ctx.op(Op.MUL, new, ctx.full(momentum, shape, DType.F32)))
 
-    return out, mean, rstd, update(running_mean, mean), update(running_var, unbiased)
+    stats = [mean, rstd, update(running_mean, mean), update(running_var, unbiased)]
+    # Each in the dtype the graph gives it: PyTorch's meta says fp32 for a bf16 model, whatever
+    # the running statistics' own dtype (the functionalized graph copies them back).
+    return out, *(ctx.cast(v, ctx.out_type(i).dtype) for i, v in enumerate(stats, 1))
 
 
 @register_lowering(aten._native_batch_norm_legit_no_training.default)
