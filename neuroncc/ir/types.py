@@ -33,7 +33,7 @@ class DType(enum.Enum):
 
     @property
     def itemsize(self) -> int:
-        return self.numpy.itemsize
+        return _ITEMSIZE[self]  # codegen asks for it millions of times: a dict lookup
 
     @property
     def numpy(self) -> np.dtype:
@@ -78,6 +78,7 @@ _NUMPY = {
     DType.U8: np.dtype(np.uint8),
     DType.BOOL: np.dtype(np.bool_),
 }
+_ITEMSIZE = {d: n.itemsize for d, n in _NUMPY.items()}
 
 
 @functools.cache
