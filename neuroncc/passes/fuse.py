@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from neuroncc.codegen.attention_backward import match
-from neuroncc.codegen.attention_planner import attention_plan
-from neuroncc.codegen.row_plan import REDUCE_OPS, epilogue_plan, fusible, plan, uses_result
+from neuroncc.codegen.kernels.attention_backward import match
+from neuroncc.codegen.kernels.attention_planner import attention_plan
+from neuroncc.codegen.kernels.row_plan import REDUCE_OPS, epilogue_plan, fusible, plan, uses_result
 from neuroncc.ir.graph import Graph, Node
 from neuroncc.ir.ops import Op
 from neuroncc.passes.manager import PassContext, register_pass

@@ -32,9 +32,9 @@ import bisect
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 
-from neuroncc.codegen import costs, isa
-from neuroncc.codegen.program import Executable
-from neuroncc.codegen.targets import Target
+from neuroncc.codegen.executable.program import Executable
+from neuroncc.codegen.hardware import costs, isa
+from neuroncc.codegen.hardware.targets import Target
 from neuroncc.errors import NeuronccInternalError
 from neuroncc.ir.types import DType
 

@@ -29,8 +29,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from neuroncc.codegen.emit import row_view
-from neuroncc.codegen.targets import Target
+from neuroncc.codegen.hardware.targets import Target
+from neuroncc.codegen.kernels.emit import row_view
 from neuroncc.ir.graph import Node, Value
 from neuroncc.ir.ops import Kind, Op
 
