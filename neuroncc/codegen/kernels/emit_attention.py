@@ -15,7 +15,7 @@ them in place (Note [attention operands] in attention_operands.py); per block of
 - transposes P 128 keys at a time on TensorE and accumulates P V over the key tiles in one PSUM
   bank.
 Key tiles that a constant mask (a causal one) makes irrelevant to a query block are skipped:
-no scores, no row group columns, no P V for them (Note [dead keys], codegen/dead_keys.py).
+no scores, no row group columns, no P V for them (Note [dead keys], codegen/kernels/dead_keys.py).
 Such a mask is made on chip, an iota and a compare for the tiles the select runs on (Note
 [generated masks]), and the kernel that computed it into HBM is not emitted (lower.py). Where
 P itself is read outside (a training forward saves it), its skipped keys are exactly 0 and are

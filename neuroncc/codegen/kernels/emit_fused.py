@@ -1,6 +1,6 @@
 """Fused row kernels: a group of elementwise ops, broadcasts and trailing reductions emitted as
 one kernel whose intermediates stay in SBUF. What a group is and how its values are laid out
-and buffered: Note [row space] in codegen/row_plan.py. Here: the kernel (`RowKernel`: pools,
+and buffered: Note [row space] in codegen/kernels/row_plan.py. Here: the kernel (`RowKernel`: pools,
 constants, and `step`, one [rows, columns] tile of it) and how its instructions are spread over
 the engines.
 """

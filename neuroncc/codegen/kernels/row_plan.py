@@ -1,7 +1,7 @@
 """Row kernels, planned: which groups of elementwise ops, broadcasts and trailing reductions can
 be one kernel (`plan`), how each value is laid out, and the SBUF buffers a step takes (slots
 assigned by liveness, results written in place of inputs that die), which decide the rounds of
-steps in flight. codegen/emit_fused.py emits them.
+steps in flight. codegen/kernels/emit_fused.py emits them.
 
 Note [row space]: every value of a group is seen against one full shape F whose k trailing axes
 are a row (C = their product elements) and whose leading axes count the rows (R). A value is

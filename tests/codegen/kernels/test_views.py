@@ -1,4 +1,4 @@
-"""Strided views (codegen/views.py) against NumPy: a chain of reshapes, transposes and
+"""Strided views (codegen/kernels/views.py) against NumPy: a chain of reshapes, transposes and
 slices read in place must address exactly the elements the chain computes."""
 
 import numpy as np
