@@ -15,7 +15,7 @@ from collections import defaultdict
 import torch
 
 import neuroncc
-from neuroncc.codegen.targets import TARGETS
+from neuroncc.codegen.hardware.targets import TARGETS
 from neuroncc.examples import GPTConfig, TinyGPT, example_batch
 
 TOL = 1e-4  # fp32: compiled and eager differ only by summation order

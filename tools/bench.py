@@ -37,8 +37,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import neuroncc
+from neuroncc.codegen.hardware.targets import get_target
 from neuroncc.codegen.lower import emit_graph
-from neuroncc.codegen.targets import get_target
 from neuroncc.frontend.weight_layout import LAID_OUT
 from neuroncc.ir import DType, GraphBuilder, Op, TensorType
 from neuroncc.passes.manager import PassContext, run_pipeline

@@ -27,9 +27,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from neuroncc.codegen import costs
-from neuroncc.codegen.kernel_builder import HbmTensor, KernelBuilder
-from neuroncc.codegen.targets import get_target
+from neuroncc.codegen.executable.kernel_builder import HbmTensor, KernelBuilder
+from neuroncc.codegen.hardware import costs
+from neuroncc.codegen.hardware.targets import get_target
 from neuroncc.ir.types import DType
 from neuroncc.runtime.timing import Schedule, schedule, time_executable
 

@@ -2,25 +2,29 @@
 
 from __future__ import annotations
 
-from neuroncc.codegen import emit_matmul, emit_tensor  # noqa: F401  (register the emitters)
-from neuroncc.codegen.attention_backward import backward_plans, fold_backward_views
-from neuroncc.codegen.attention_operands import fold_operand_views
-from neuroncc.codegen.attention_planner import AttentionPlan, attention_plans, with_key_facts
-from neuroncc.codegen.builder import OnChipOverflow, RingPool
-from neuroncc.codegen.emit import EMITTERS, EmitCtx
-from neuroncc.codegen.emit_attention import emit_attention
-from neuroncc.codegen.emit_attention_backward import emit_attention_backward
-from neuroncc.codegen.emit_few_rows import (
+from neuroncc.codegen.executable.builder import OnChipOverflow, RingPool
+from neuroncc.codegen.executable.program import Executable
+from neuroncc.codegen.hardware.targets import Target
+from neuroncc.codegen.kernels import emit_matmul, emit_tensor  # noqa: F401  (register the emitters)
+from neuroncc.codegen.kernels.attention_backward import backward_plans, fold_backward_views
+from neuroncc.codegen.kernels.attention_operands import fold_operand_views
+from neuroncc.codegen.kernels.attention_planner import (
+    AttentionPlan,
+    attention_plans,
+    with_key_facts,
+)
+from neuroncc.codegen.kernels.emit import EMITTERS, EmitCtx
+from neuroncc.codegen.kernels.emit_attention import emit_attention
+from neuroncc.codegen.kernels.emit_attention_backward import emit_attention_backward
+from neuroncc.codegen.kernels.emit_few_rows import (
     STREAM_QUEUES,
     STREAM_TILES,
     WeightStream,
     stream_tile_bytes,
 )
-from neuroncc.codegen.emit_fused import emit_fused
-from neuroncc.codegen.emit_tensor import transpose_layout
-from neuroncc.codegen.program import Executable
-from neuroncc.codegen.targets import Target
-from neuroncc.codegen.views import (
+from neuroncc.codegen.kernels.emit_fused import emit_fused
+from neuroncc.codegen.kernels.emit_tensor import transpose_layout
+from neuroncc.codegen.kernels.views import (
     cols_read_in_place,
     concat_sources,
     copy_sources,

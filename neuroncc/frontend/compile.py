@@ -10,8 +10,8 @@ import time
 from dataclasses import dataclass, field, replace
 
 from neuroncc import __version__
+from neuroncc.codegen.hardware.targets import get_target
 from neuroncc.codegen.lower import emit_graph
-from neuroncc.codegen.targets import get_target
 from neuroncc.errors import CapacityError, internal_error
 from neuroncc.ir.graph import Graph
 from neuroncc.ir.printer import print_graph

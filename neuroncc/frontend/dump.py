@@ -20,8 +20,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neuroncc.codegen.listing import listing
-from neuroncc.codegen.program import Executable
+from neuroncc.codegen.executable.listing import listing
+from neuroncc.codegen.executable.program import Executable
 from neuroncc.ir.graph import Graph
 from neuroncc.ir.printer import print_graph
 

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from neuroncc.codegen.targets import get_target
+from neuroncc.codegen.hardware.targets import get_target
 from neuroncc.frontend import report
 from neuroncc.frontend.dump_read import (
     STAGES,

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from neuroncc.codegen.emit import arena_bytes
-from neuroncc.codegen.listing import listing
-from neuroncc.codegen.program import Executable
-from neuroncc.codegen.targets import get_target
+from neuroncc.codegen.executable.listing import listing
+from neuroncc.codegen.executable.program import Executable
+from neuroncc.codegen.hardware.targets import get_target
+from neuroncc.codegen.kernels.emit import arena_bytes
 from neuroncc.errors import NeuronccError
 from neuroncc.frontend.dump import GRAPH_META, PROGRAM
 from neuroncc.ir.graph import Graph

@@ -13,7 +13,7 @@ from typing import Any
 
 import jinja2
 
-from neuroncc.codegen.program import Executable
+from neuroncc.codegen.executable.program import Executable
 from neuroncc.ir.graph import Graph
 from neuroncc.runtime.timing import KernelCost, Schedule
 

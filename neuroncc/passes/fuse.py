@@ -1,11 +1,11 @@
 """fuse: group runs of elementwise ops, broadcasts and trailing reductions into row kernels
-(codegen/emit_fused.py), so softmax, LayerNorm, RMSNorm and elementwise chains each read their
-inputs from HBM once and write their results once; and a matmul with the elementwise ops after
-it (bias, activation, residual, scaling, cast: Note [matmul epilogue] in emit_matmul.py), so
-its result is finished on the way out of PSUM instead of going through HBM; and attention,
-matmul -> row group -> matmul, as one kernel that keeps the scores on chip (Note [attention
-kernel] in emit_attention.py); and its backward, four matmuls and the dS between them, as one
-kernel that keeps dP and dS on chip (Note [attention backward] in attention_backward.py).
+(codegen/kernels/emit_fused.py), so softmax, LayerNorm, RMSNorm and elementwise chains each read
+their inputs from HBM once and write their results once; and a matmul with the elementwise ops after
+it (bias, activation, residual, scaling, cast: Note [matmul epilogue] in emit_matmul.py), so its
+result is finished on the way out of PSUM instead of going through HBM; and attention, matmul -> row
+group -> matmul, as one kernel that keeps the scores on chip (Note [attention kernel] in
+emit_attention.py); and its backward, four matmuls and the dS between them, as one kernel that keeps
+dP and dS on chip (Note [attention backward] in attention_backward.py).
 
 The decision is the cost model's: a group forms only where codegen can emit it within the
 target's SBUF (`row_plan.plan`), and only where it saves HBM traffic, i.e. some value made in
@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from neuroncc.codegen.attention_backward import match
-from neuroncc.codegen.attention_planner import attention_plan
-from neuroncc.codegen.row_plan import REDUCE_OPS, epilogue_plan, fusible, plan, uses_result
+from neuroncc.codegen.kernels.attention_backward import match
+from neuroncc.codegen.kernels.attention_planner import attention_plan
+from neuroncc.codegen.kernels.row_plan import REDUCE_OPS, epilogue_plan, fusible, plan, uses_result
 from neuroncc.ir.graph import Graph, Node
 from neuroncc.ir.ops import Op
 from neuroncc.passes.manager import PassContext, register_pass

@@ -30,14 +30,15 @@ import math
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from neuroncc.codegen import isa
-from neuroncc.codegen.attention_backward import backward_plans, fold_backward_views
-from neuroncc.codegen.attention_operands import fold_operand_views
-from neuroncc.codegen.attention_planner import attention_plans
-from neuroncc.codegen.costs import dma_ns, instr_ns
-from neuroncc.codegen.emit import P
-from neuroncc.codegen.emit_gemv import gemv_foldable, gemv_ns
-from neuroncc.codegen.emit_matmul import (
+from neuroncc.codegen.hardware import isa
+from neuroncc.codegen.hardware.costs import dma_ns, instr_ns
+from neuroncc.codegen.hardware.targets import Target
+from neuroncc.codegen.kernels.attention_backward import backward_plans, fold_backward_views
+from neuroncc.codegen.kernels.attention_operands import fold_operand_views
+from neuroncc.codegen.kernels.attention_planner import attention_plans
+from neuroncc.codegen.kernels.emit import P
+from neuroncc.codegen.kernels.emit_gemv import gemv_foldable, gemv_ns
+from neuroncc.codegen.kernels.emit_matmul import (
     TRANSPOSE_RUN_BYTES,
     foldable,
     largest_blocking,
@@ -45,8 +46,7 @@ from neuroncc.codegen.emit_matmul import (
     pe_source,
     pe_transposable,
 )
-from neuroncc.codegen.targets import Target
-from neuroncc.codegen.views import merged_heads
+from neuroncc.codegen.kernels.views import merged_heads
 from neuroncc.ir.graph import Graph, Node, with_choices
 from neuroncc.ir.ops import Op
 from neuroncc.ir.types import DType

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
-from neuroncc.codegen.targets import Target
+from neuroncc.codegen.hardware.targets import Target
 from neuroncc.errors import CapacityError, internal_error
 from neuroncc.ir.graph import Graph
 from neuroncc.ir.printer import print_graph

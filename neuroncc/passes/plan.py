@@ -29,9 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from neuroncc.codegen.builder import ALIGN
-from neuroncc.codegen.intervals import IntervalIndex
-from neuroncc.codegen.views import VIEW_OPS, cols_read_in_place, rows_read_in_place
+from neuroncc.codegen.executable.builder import ALIGN
+from neuroncc.codegen.executable.intervals import IntervalIndex
+from neuroncc.codegen.kernels.views import VIEW_OPS, cols_read_in_place, rows_read_in_place
 from neuroncc.ir.graph import Graph, with_choices
 from neuroncc.ir.ops import Op
 from neuroncc.passes.manager import PassContext, register_pass

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from neuroncc.codegen.emit_matmul import largest_blocking
+from neuroncc.codegen.kernels.emit_matmul import largest_blocking
 from neuroncc.ir.graph import Graph, Node, with_choices
 from neuroncc.ir.ops import Op
 from neuroncc.passes.manager import PassContext, register_pass

@@ -48,7 +48,7 @@ from typing import Any
 
 import filelock
 
-from neuroncc.codegen.program import FORMAT_VERSION, Executable, no_gc
+from neuroncc.codegen.executable.program import FORMAT_VERSION, Executable, no_gc
 from neuroncc.runtime.timing import Profile
 
 CACHE_FORMAT = 1

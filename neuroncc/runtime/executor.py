@@ -14,8 +14,8 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from neuroncc.codegen.program import Executable
-from neuroncc.codegen.targets import get_target
+from neuroncc.codegen.executable.program import Executable
+from neuroncc.codegen.hardware.targets import get_target
 from neuroncc.runtime import simulator
 from neuroncc.runtime.stats import STATS
 from neuroncc.runtime.timing import Profile, time_executable, trace_events

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from neuroncc.codegen import isa
-from neuroncc.codegen.program import Executable
-from neuroncc.codegen.targets import Target
+from neuroncc.codegen.executable.program import Executable
+from neuroncc.codegen.hardware import isa
+from neuroncc.codegen.hardware.targets import Target
 from neuroncc.errors import SimulationError
 
 # Per thread, the last SBUF and PSUM arrays of each shape and one HBM array: refilling one costs

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from neuroncc.codegen import isa
-from neuroncc.codegen.intervals import IntervalIndex
-from neuroncc.codegen.program import Buffer
+from neuroncc.codegen.executable.intervals import IntervalIndex
+from neuroncc.codegen.executable.program import Buffer
+from neuroncc.codegen.hardware import isa
 from neuroncc.errors import RaceError
 
 

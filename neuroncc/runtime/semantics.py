@@ -21,8 +21,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from neuroncc.codegen import isa
-from neuroncc.codegen.targets import Target
+from neuroncc.codegen.hardware import isa
+from neuroncc.codegen.hardware.targets import Target
 from neuroncc.errors import SimulationError
 from neuroncc.ir import numerics
 from neuroncc.runtime.memory import Memories

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from neuroncc.codegen.program import Executable
-from neuroncc.codegen.targets import Target
+from neuroncc.codegen.executable.program import Executable
+from neuroncc.codegen.hardware.targets import Target
 from neuroncc.errors import SimulationError
 from neuroncc.runtime.memory import Memories, prove_reads_only_written
 from neuroncc.runtime.races import RaceChecker

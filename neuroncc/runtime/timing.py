@@ -1,12 +1,12 @@
 """The timing model: when each instruction starts and ends, and what the execution costs.
 
-- Compute engines (pe, act, dve, pool) execute their streams in order. An instruction starts
-  when its engine is free and every instruction it waits on (`deps`) has finished; its
-  duration comes from codegen/costs.py, plus a pipeline drain when it reads what the previous
-  instruction on its engine wrote. TensorE runs throttled after an idle spell on targets that
-  throttle (targets.py). Its row-tiled matmuls (`Matmul.tile_rows`) occupy only their rows of
-  the array: one on another row tile starts beside it, though still not before the
-  instruction ahead of it in the stream has started.
+- Compute engines (pe, act, dve, pool) execute their streams in order. An instruction starts when
+  its engine is free and every instruction it waits on (`deps`) has finished; its duration comes
+  from codegen/hardware/costs.py, plus a pipeline drain when it reads what the previous instruction
+  on its engine wrote. TensorE runs throttled after an idle spell on targets that throttle
+  (targets.py). Its row-tiled matmuls (`Matmul.tile_rows`) occupy only their rows of the array: one
+  on another row tile starts beside it, though still not before the instruction ahead of it in the
+  stream has started.
 - A DMA is issued on a queue (q0..q15); each queue runs in order. Its descriptors fan out over
   the DMA engines, which all queues share: on each engine its share goes into the earliest idle
   gap, so an independent transfer on another queue is never stuck behind a waiting one. The
@@ -32,9 +32,9 @@ import bisect
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 
-from neuroncc.codegen import costs, isa
-from neuroncc.codegen.program import Executable
-from neuroncc.codegen.targets import Target
+from neuroncc.codegen.executable.program import Executable
+from neuroncc.codegen.hardware import costs, isa
+from neuroncc.codegen.hardware.targets import Target
 from neuroncc.errors import NeuronccInternalError
 from neuroncc.ir.types import DType
 

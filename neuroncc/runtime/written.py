@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from neuroncc.codegen import isa
-from neuroncc.codegen.program import Executable
+from neuroncc.codegen.executable.program import Executable
+from neuroncc.codegen.hardware import isa
 from neuroncc.runtime.memory import Memories
 
 

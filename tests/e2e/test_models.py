@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import neuroncc
-from neuroncc.codegen.program import FORMAT_VERSION, Executable
+from neuroncc.codegen.executable.program import FORMAT_VERSION, Executable
 from neuroncc.errors import OptionsError
 from neuroncc.examples import GPTConfig, TinyGPT, example_batch
 from neuroncc.options import CompileOptions

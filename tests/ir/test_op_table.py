@@ -3,7 +3,7 @@
 import pytest
 
 from neuroncc.codegen import lower  # noqa: F401  (registers all emitters)
-from neuroncc.codegen.emit import EMITTERS
+from neuroncc.codegen.kernels.emit import EMITTERS
 from neuroncc.ir import numerics
 from neuroncc.ir.interpret import _BY_KIND, _BY_OP
 from neuroncc.ir.ops import BY_NAME, OP_TABLE, Kind, Op

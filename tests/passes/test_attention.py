@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import neuroncc
-from neuroncc.codegen import isa
-from neuroncc.codegen.attention_planner import attention_plans, loads_ahead, with_key_facts
+from neuroncc.codegen.hardware import isa
+from neuroncc.codegen.hardware.targets import TRN1, TRN2
+from neuroncc.codegen.kernels.attention_planner import attention_plans, loads_ahead, with_key_facts
 from neuroncc.codegen.lower import emit_graph
-from neuroncc.codegen.targets import TRN1, TRN2
 from neuroncc.ir import parse, print_graph
 from neuroncc.passes.fuse import Fuse
 from neuroncc.passes.manager import PassContext

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from torch.utils.checkpoint import checkpoint
 
 import neuroncc
-from neuroncc.codegen import costs, isa
-from neuroncc.codegen.attention_backward import backward_plans
-from neuroncc.codegen.targets import TRN1, TRN2
+from neuroncc.codegen.hardware import costs, isa
+from neuroncc.codegen.hardware.targets import TRN1, TRN2
+from neuroncc.codegen.kernels.attention_backward import backward_plans
 from neuroncc.ir import parse, print_graph
 from neuroncc.passes.fuse import Fuse
 from neuroncc.passes.manager import PassContext

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import neuroncc
-from neuroncc.codegen.targets import TRN2
+from neuroncc.codegen.hardware.targets import TRN2
 from neuroncc.ir import parse, print_graph
 from neuroncc.passes.manager import PassContext, run_pipeline
 from neuroncc.passes.pipelines import default_pipeline

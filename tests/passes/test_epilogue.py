@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import neuroncc
-from neuroncc.codegen.emit_matmul import O_BUFS
+from neuroncc.codegen.hardware.targets import TRN2
+from neuroncc.codegen.kernels.emit_matmul import O_BUFS
 from neuroncc.codegen.lower import emit_graph
-from neuroncc.codegen.targets import TRN2
 from neuroncc.ir import DType, GraphBuilder, Op, TensorType, interpret, parse, print_graph
 from neuroncc.passes.fuse import Fuse
 from neuroncc.passes.manager import PassContext
@@ -19,7 +19,7 @@ from neuroncc.passes.tile import Tile
 from neuroncc.runtime.simulator import run
 from neuroncc.runtime.stats import STATS
 from neuroncc.runtime.timing import time_executable
-from tests.codegen.test_emit import random_input
+from tests.codegen.kernels.test_emit import random_input
 
 CTX = PassContext(TRN2)
 

@@ -8,17 +8,17 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 
 import neuroncc
-from neuroncc.codegen import isa
+from neuroncc.codegen.hardware import isa
+from neuroncc.codegen.hardware.targets import TRN1, TRN2
+from neuroncc.codegen.kernels.row_plan import plan
 from neuroncc.codegen.lower import emit_graph
-from neuroncc.codegen.row_plan import plan
-from neuroncc.codegen.targets import TRN1, TRN2
 from neuroncc.ir import DType, GraphBuilder, Op, TensorType, interpret, parse, print_graph
 from neuroncc.passes.fuse import Fuse
 from neuroncc.passes.manager import PassContext, run_pipeline
 from neuroncc.passes.pipelines import default_pipeline
 from neuroncc.runtime.simulator import run
 from neuroncc.runtime.timing import time_executable
-from tests.codegen.test_emit import random_input
+from tests.codegen.kernels.test_emit import random_input
 from tests.strategies import graphs
 
 CTX = PassContext(TRN2)

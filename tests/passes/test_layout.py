@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from neuroncc.codegen import isa
+from neuroncc.codegen.hardware import isa
+from neuroncc.codegen.hardware.targets import TRN1, TRN2
 from neuroncc.codegen.lower import emit_graph
-from neuroncc.codegen.targets import TRN1, TRN2
 from neuroncc.errors import CodegenError
 from neuroncc.ir import interpret, parse, print_graph
 from neuroncc.ir.graph import with_choices
@@ -17,7 +17,7 @@ from neuroncc.passes.manager import PassContext, run_pipeline
 from neuroncc.passes.pipelines import default_pipeline
 from neuroncc.runtime.simulator import run
 from neuroncc.runtime.timing import time_executable
-from tests.codegen.test_emit import random_input
+from tests.codegen.kernels.test_emit import random_input
 
 TRANSPOSES = """graph @main(%0: f32[256,512], %1: f32[512,128], %2: i32[4,6], %3: f32[8,16], %4: f32[4,8,16]) {
   %5 = transpose %0 {perm=[1,0]} : f32[512,256]

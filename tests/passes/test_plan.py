@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
+from neuroncc.codegen.hardware.targets import TRN2
 from neuroncc.codegen.lower import emit_graph
-from neuroncc.codegen.targets import TRN2
 from neuroncc.errors import CodegenError
 from neuroncc.ir import interpret, parse, print_graph
 from neuroncc.ir.graph import with_choices
@@ -14,7 +14,7 @@ from neuroncc.passes.manager import PassContext, run_pipeline
 from neuroncc.passes.pipelines import default_pipeline
 from neuroncc.passes.plan import Plan, value_lifetimes
 from neuroncc.runtime.simulator import run
-from tests.codegen.test_emit import random_input
+from tests.codegen.kernels.test_emit import random_input
 from tests.strategies import graphs
 
 CTX = PassContext(TRN2)

@@ -3,11 +3,11 @@ kernels instead of delaying the matmul that reads them."""
 
 import numpy as np
 
-from neuroncc.codegen.targets import TRN2
+from neuroncc.codegen.hardware.targets import TRN2
 from neuroncc.ir import interpret, parse, print_graph
 from neuroncc.passes.manager import PassContext
 from neuroncc.passes.schedule import Schedule
-from tests.codegen.test_emit import random_input
+from tests.codegen.kernels.test_emit import random_input
 
 BLOCK = """graph @main(%0: f32[8,16], %1: f32[32,16], %2: f32[16,8]) {
   %3 = exp %0 : f32[8,16]

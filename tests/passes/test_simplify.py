@@ -2,12 +2,12 @@ import numpy as np
 import torch
 from hypothesis import given
 
-from neuroncc.codegen.targets import TRN2
+from neuroncc.codegen.hardware.targets import TRN2
 from neuroncc.ir import DType, GraphBuilder, Op, TensorType, interpret, parse, print_graph
 from neuroncc.passes.manager import PassContext, run_pipeline
 from neuroncc.passes.pipelines import default_pipeline
 from neuroncc.passes.simplify import Simplify
-from tests.codegen.test_emit import random_input
+from tests.codegen.kernels.test_emit import random_input
 from tests.strategies import graphs
 
 CTX = PassContext(TRN2)

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neuroncc.codegen.emit_matmul import largest_blocking
+from neuroncc.codegen.hardware.targets import TRN2
+from neuroncc.codegen.kernels.emit_matmul import largest_blocking
 from neuroncc.codegen.lower import emit_graph
-from neuroncc.codegen.targets import TRN2
 from neuroncc.errors import CodegenError
 from neuroncc.ir import interpret, parse, print_graph
 from neuroncc.ir.graph import with_choices
@@ -20,7 +20,7 @@ from neuroncc.passes.manager import PassContext
 from neuroncc.passes.tile import Tile
 from neuroncc.runtime.simulator import run
 from neuroncc.runtime.timing import time_executable
-from tests.codegen.test_emit import random_input
+from tests.codegen.kernels.test_emit import random_input
 
 CTX = PassContext(TRN2)
 

@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import neuroncc
-from neuroncc.codegen import isa
-from neuroncc.codegen.kernel_builder import KernelBuilder
-from neuroncc.codegen.targets import TARGETS, TRN2, get_target
+from neuroncc.codegen.executable.kernel_builder import KernelBuilder
+from neuroncc.codegen.hardware import isa
+from neuroncc.codegen.hardware.targets import TARGETS, TRN2, get_target
 from neuroncc.errors import NeuronccInternalError
 from neuroncc.ir.types import DType
 from neuroncc.runtime import timing

@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neuroncc.codegen import isa
+from neuroncc.codegen.hardware import isa
 from neuroncc.ir.types import DType
 from neuroncc.runtime.races import _increasing, region
 

@@ -4,9 +4,9 @@ also where the result overlaps a source, shifted (numpy buffers it)."""
 import numpy as np
 import pytest
 
-from neuroncc.codegen import isa
-from neuroncc.codegen.program import Executable
-from neuroncc.codegen.targets import TRN2
+from neuroncc.codegen.executable.program import Executable
+from neuroncc.codegen.hardware import isa
+from neuroncc.codegen.hardware.targets import TRN2
 from neuroncc.ir import numerics
 from neuroncc.ir.types import DType
 from neuroncc.runtime.memory import Memories

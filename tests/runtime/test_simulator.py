@@ -5,11 +5,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from neuroncc.codegen import isa
-from neuroncc.codegen.builder import ProgramBuilder
-from neuroncc.codegen.kernel_builder import KernelBuilder
-from neuroncc.codegen.program import Executable, ValueLoc
-from neuroncc.codegen.targets import TRN2, get_target
+from neuroncc.codegen.executable.builder import ProgramBuilder
+from neuroncc.codegen.executable.kernel_builder import KernelBuilder
+from neuroncc.codegen.executable.program import Executable, ValueLoc
+from neuroncc.codegen.hardware import isa
+from neuroncc.codegen.hardware.targets import TRN2, get_target
 from neuroncc.errors import CodegenError, RaceError, SimulationError
 from neuroncc.ir.types import DType
 from neuroncc.runtime.memory import Memories

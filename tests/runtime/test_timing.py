@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neuroncc.codegen import costs, isa
-from neuroncc.codegen.kernel_builder import KernelBuilder
-from neuroncc.codegen.targets import TRN1, TRN2, get_target
+from neuroncc.codegen.executable.kernel_builder import KernelBuilder
+from neuroncc.codegen.hardware import costs, isa
+from neuroncc.codegen.hardware.targets import TRN1, TRN2, get_target
 from neuroncc.ir.types import DType
 from neuroncc.runtime.timing import _Timeline, schedule, time_executable, trace_events
 from tools import calibrate

@@ -30,15 +30,15 @@ import math
 from collections.abc import Container, Sequence
 from dataclasses import dataclass
 
-from neuroncc.codegen import costs, isa
-from neuroncc.codegen.emit import EmitCtx, P, rect, register
-from neuroncc.codegen.emit_few_rows import emit_few_rows, few_rows_fits, few_rows_pe_ns
-from neuroncc.codegen.emit_fused import RowKernel, emit_fused
-from neuroncc.codegen.emit_gemv import emit_gemv, gemv_foldable
-from neuroncc.codegen.pe_transpose import PSUM_TRANSPOSE_BANKS, PeTransposer, identity
-from neuroncc.codegen.row_plan import epilogue_plan, epilogue_sbuf_bytes
-from neuroncc.codegen.targets import Target
-from neuroncc.codegen.views import View
+from neuroncc.codegen.hardware import costs, isa
+from neuroncc.codegen.hardware.targets import Target
+from neuroncc.codegen.kernels.emit import EmitCtx, P, rect, register
+from neuroncc.codegen.kernels.emit_few_rows import emit_few_rows, few_rows_fits, few_rows_pe_ns
+from neuroncc.codegen.kernels.emit_fused import RowKernel, emit_fused
+from neuroncc.codegen.kernels.emit_gemv import emit_gemv, gemv_foldable
+from neuroncc.codegen.kernels.pe_transpose import PSUM_TRANSPOSE_BANKS, PeTransposer, identity
+from neuroncc.codegen.kernels.row_plan import epilogue_plan, epilogue_sbuf_bytes
+from neuroncc.codegen.kernels.views import View
 from neuroncc.errors import CodegenError
 from neuroncc.ir.graph import Node, Value
 from neuroncc.ir.ops import Op

@@ -47,10 +47,10 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from neuroncc.codegen.builder import ALIGN
-from neuroncc.codegen.emit import P
-from neuroncc.codegen.targets import Target
-from neuroncc.codegen.views import View, reshape_strides, strided_view, unread_chain_nodes
+from neuroncc.codegen.executable.builder import ALIGN
+from neuroncc.codegen.hardware.targets import Target
+from neuroncc.codegen.kernels.emit import P
+from neuroncc.codegen.kernels.views import View, reshape_strides, strided_view, unread_chain_nodes
 from neuroncc.ir.graph import Graph, Node, Value
 from neuroncc.ir.ops import Op
 from neuroncc.ir.types import DType, contiguous_strides

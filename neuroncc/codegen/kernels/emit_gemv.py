@@ -15,11 +15,11 @@ from __future__ import annotations
 import math
 from collections.abc import Container, Mapping, Sequence
 
-from neuroncc.codegen import costs, isa
-from neuroncc.codegen.emit import EmitCtx, P, rect
-from neuroncc.codegen.emit_fused import EngineBalancer, emit_fused
-from neuroncc.codegen.pe_transpose import PeTransposer
-from neuroncc.codegen.targets import Target
+from neuroncc.codegen.hardware import costs, isa
+from neuroncc.codegen.hardware.targets import Target
+from neuroncc.codegen.kernels.emit import EmitCtx, P, rect
+from neuroncc.codegen.kernels.emit_fused import EngineBalancer, emit_fused
+from neuroncc.codegen.kernels.pe_transpose import PeTransposer
 from neuroncc.ir.graph import Node
 from neuroncc.ir.ops import Op
 from neuroncc.ir.types import DType

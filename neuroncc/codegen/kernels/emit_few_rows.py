@@ -24,12 +24,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from neuroncc.codegen import costs, isa
-from neuroncc.codegen.builder import RingPool
-from neuroncc.codegen.emit import EmitCtx, P, rect
-from neuroncc.codegen.emit_fused import emit_fused
-from neuroncc.codegen.pe_transpose import PeTransposer
-from neuroncc.codegen.targets import Target
+from neuroncc.codegen.executable.builder import RingPool
+from neuroncc.codegen.hardware import costs, isa
+from neuroncc.codegen.hardware.targets import Target
+from neuroncc.codegen.kernels.emit import EmitCtx, P, rect
+from neuroncc.codegen.kernels.emit_fused import emit_fused
+from neuroncc.codegen.kernels.pe_transpose import PeTransposer
 from neuroncc.ir.graph import Graph, Node
 from neuroncc.ir.ops import Op
 from neuroncc.ir.types import DType

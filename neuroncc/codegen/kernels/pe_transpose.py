@@ -5,9 +5,9 @@ with it (emit_matmul), attention Q, K and P (emit_attention), dot products their
 
 from __future__ import annotations
 
-from neuroncc.codegen import isa
-from neuroncc.codegen.builder import ProgramBuilder, TilePool
-from neuroncc.codegen.emit import EmitCtx, P
+from neuroncc.codegen.executable.builder import ProgramBuilder, TilePool
+from neuroncc.codegen.hardware import isa
+from neuroncc.codegen.kernels.emit import EmitCtx, P
 from neuroncc.ir.types import DType
 
 PSUM_TRANSPOSE_BANKS = 1  # banks left for transposes; the rest accumulate matmul outputs

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from neuroncc.codegen.views import View, strided_view, unread_chain_nodes
+from neuroncc.codegen.kernels.views import View, strided_view, unread_chain_nodes
 from neuroncc.ir.graph import Graph, Value
 
 if TYPE_CHECKING:
-    from neuroncc.codegen.attention_planner import AttentionPlan
+    from neuroncc.codegen.kernels.attention_planner import AttentionPlan
 
 
 def fold_operand_views(

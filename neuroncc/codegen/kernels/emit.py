@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from neuroncc.codegen import isa
-from neuroncc.codegen.builder import ProgramBuilder
-from neuroncc.codegen.program import ValueLoc
-from neuroncc.codegen.targets import Target
+from neuroncc.codegen.executable.builder import ProgramBuilder
+from neuroncc.codegen.executable.program import ValueLoc
+from neuroncc.codegen.hardware import isa
+from neuroncc.codegen.hardware.targets import Target
 from neuroncc.errors import CodegenError
 from neuroncc.ir.graph import Graph, Node, Value
 from neuroncc.ir.ops import Kind, Op

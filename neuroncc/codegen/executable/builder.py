@@ -28,10 +28,10 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from neuroncc.codegen import isa
-from neuroncc.codegen.intervals import IntervalIndex
-from neuroncc.codegen.program import Buffer, Executable, Kernel, ValueLoc
-from neuroncc.codegen.targets import Target
+from neuroncc.codegen.executable.intervals import IntervalIndex
+from neuroncc.codegen.executable.program import Buffer, Executable, Kernel, ValueLoc
+from neuroncc.codegen.hardware import isa
+from neuroncc.codegen.hardware.targets import Target
 from neuroncc.errors import CapacityError, CodegenError
 from neuroncc.ir.types import DType
 

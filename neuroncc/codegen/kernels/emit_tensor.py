@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import math
 
-from neuroncc.codegen import isa
-from neuroncc.codegen.emit import TILE_BYTES, EmitCtx, P, rect, register, tiles_2d
-from neuroncc.codegen.emit_matmul import (
+from neuroncc.codegen.hardware import isa
+from neuroncc.codegen.hardware.targets import Target
+from neuroncc.codegen.kernels.emit import TILE_BYTES, EmitCtx, P, rect, register, tiles_2d
+from neuroncc.codegen.kernels.emit_matmul import (
     emit_transpose_folded,
     emit_transpose_on_pe,
     pe_transposable,
 )
-from neuroncc.codegen.targets import Target
 from neuroncc.errors import CodegenError
 from neuroncc.ir.graph import Graph, Node, Value
 from neuroncc.ir.ops import Op

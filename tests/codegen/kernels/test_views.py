@@ -1,14 +1,14 @@
-"""Strided views (codegen/views.py) against NumPy: a chain of reshapes, transposes and
+"""Strided views (codegen/kernels/views.py) against NumPy: a chain of reshapes, transposes and
 slices read in place must address exactly the elements the chain computes."""
 
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neuroncc.codegen.emit_tensor import transpose_layout
+from neuroncc.codegen.hardware.targets import TRN2
+from neuroncc.codegen.kernels.emit_tensor import transpose_layout
+from neuroncc.codegen.kernels.views import reshape_strides, strided_view
 from neuroncc.codegen.lower import emit_graph
-from neuroncc.codegen.targets import TRN2
-from neuroncc.codegen.views import reshape_strides, strided_view
 from neuroncc.ir import DType, GraphBuilder, Op, TensorType
 from neuroncc.runtime.simulator import run
 

@@ -21,10 +21,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from neuroncc.codegen import isa
-from neuroncc.codegen.builder import ProgramBuilder, TilePool
-from neuroncc.codegen.program import Executable, ValueLoc
-from neuroncc.codegen.targets import Target, get_target
+from neuroncc.codegen.executable.builder import ProgramBuilder, TilePool
+from neuroncc.codegen.executable.program import Executable, ValueLoc
+from neuroncc.codegen.hardware import isa
+from neuroncc.codegen.hardware.targets import Target, get_target
 from neuroncc.errors import CodegenError
 from neuroncc.ir.types import DType, contiguous_strides
 

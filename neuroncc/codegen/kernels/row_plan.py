@@ -1,7 +1,7 @@
 """Row kernels, planned: which groups of elementwise ops, broadcasts and trailing reductions can
 be one kernel (`plan`), how each value is laid out, and the SBUF buffers a step takes (slots
 assigned by liveness, results written in place of inputs that die), which decide the rounds of
-steps in flight. codegen/emit_fused.py emits them.
+steps in flight. codegen/kernels/emit_fused.py emits them.
 
 Note [row space]: every value of a group is seen against one full shape F whose k trailing axes
 are a row (C = their product elements) and whose leading axes count the rows (R). A value is
@@ -29,8 +29,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from neuroncc.codegen.emit import row_view
-from neuroncc.codegen.targets import Target
+from neuroncc.codegen.hardware.targets import Target
+from neuroncc.codegen.kernels.emit import row_view
 from neuroncc.ir.graph import Node, Value
 from neuroncc.ir.ops import Kind, Op
 

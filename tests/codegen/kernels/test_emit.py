@@ -10,10 +10,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from neuroncc.codegen import isa
-from neuroncc.codegen.emit_few_rows import STREAM_TILES
+from neuroncc.codegen.hardware import isa
+from neuroncc.codegen.hardware.targets import TARGETS, TRN2
+from neuroncc.codegen.kernels.emit_few_rows import STREAM_TILES
 from neuroncc.codegen.lower import emit_graph
-from neuroncc.codegen.targets import TARGETS, TRN2
 from neuroncc.ir import DType, GraphBuilder, Op, TensorType, interpret, verify
 from neuroncc.runtime.simulator import run
 from neuroncc.runtime.timing import schedule

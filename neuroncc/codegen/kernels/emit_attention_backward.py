@@ -3,12 +3,12 @@ which also has its plan)."""
 
 from __future__ import annotations
 
-from neuroncc.codegen import isa
-from neuroncc.codegen.attention_backward import BackwardPlan, Gradient
-from neuroncc.codegen.builder import TilePool
-from neuroncc.codegen.emit import EmitCtx, P
-from neuroncc.codegen.pe_transpose import PeTransposer
-from neuroncc.codegen.views import View, strided_view
+from neuroncc.codegen.executable.builder import TilePool
+from neuroncc.codegen.hardware import isa
+from neuroncc.codegen.kernels.attention_backward import BackwardPlan, Gradient
+from neuroncc.codegen.kernels.emit import EmitCtx, P
+from neuroncc.codegen.kernels.pe_transpose import PeTransposer
+from neuroncc.codegen.kernels.views import View, strided_view
 from neuroncc.ir.graph import Value
 from neuroncc.ir.types import DType
 

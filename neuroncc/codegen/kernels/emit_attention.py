@@ -15,7 +15,7 @@ them in place (Note [attention operands] in attention_operands.py); per block of
 - transposes P 128 keys at a time on TensorE and accumulates P V over the key tiles in one PSUM
   bank.
 Key tiles that a constant mask (a causal one) makes irrelevant to a query block are skipped:
-no scores, no row group columns, no P V for them (Note [dead keys], codegen/dead_keys.py).
+no scores, no row group columns, no P V for them (Note [dead keys], codegen/kernels/dead_keys.py).
 Such a mask is made on chip, an iota and a compare for the tiles the select runs on (Note
 [generated masks]), and the kernel that computed it into HBM is not emitted (lower.py). Where
 P itself is read outside (a training forward saves it), its skipped keys are exactly 0 and are
@@ -40,9 +40,10 @@ round-trip through HBM) are left unfused: the row group and matmuls then run as 
 
 from __future__ import annotations
 
-from neuroncc.codegen import isa
-from neuroncc.codegen.attention_operands import load_kind, operands
-from neuroncc.codegen.attention_planner import (
+from neuroncc.codegen.executable.builder import TilePool
+from neuroncc.codegen.hardware import isa
+from neuroncc.codegen.kernels.attention_operands import load_kind, operands
+from neuroncc.codegen.kernels.attention_planner import (
     ZERO_COLS,
     AttentionPlan,
     Block,
@@ -52,11 +53,10 @@ from neuroncc.codegen.attention_planner import (
     psum_banks,
     query_blocks,
 )
-from neuroncc.codegen.builder import TilePool
-from neuroncc.codegen.emit import EmitCtx, P, rect
-from neuroncc.codegen.emit_fused import RowKernel
-from neuroncc.codegen.pe_transpose import PeTransposer
-from neuroncc.codegen.views import View
+from neuroncc.codegen.kernels.emit import EmitCtx, P, rect
+from neuroncc.codegen.kernels.emit_fused import RowKernel
+from neuroncc.codegen.kernels.pe_transpose import PeTransposer
+from neuroncc.codegen.kernels.views import View
 from neuroncc.ir.types import DType
 
 

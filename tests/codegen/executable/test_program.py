@@ -3,10 +3,10 @@ import json
 import numpy as np
 import pytest
 
-from neuroncc.codegen.listing import listing
+from neuroncc.codegen.executable.listing import listing
+from neuroncc.codegen.executable.program import FORMAT_VERSION, Executable
+from neuroncc.codegen.hardware.targets import TRN2
 from neuroncc.codegen.lower import emit_graph
-from neuroncc.codegen.program import FORMAT_VERSION, Executable
-from neuroncc.codegen.targets import TRN2
 from neuroncc.ir import DType, GraphBuilder, Op, TensorType
 from neuroncc.runtime.simulator import run
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from neuroncc.codegen import isa
+from neuroncc.codegen.hardware import isa
 from neuroncc.ir.types import DType
 
 FORMAT_VERSION = 5  # 2: Matmul.transpose; 3: interned operands, positional rows;

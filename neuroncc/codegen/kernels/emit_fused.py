@@ -1,6 +1,6 @@
 """Fused row kernels: a group of elementwise ops, broadcasts and trailing reductions emitted as
 one kernel whose intermediates stay in SBUF. What a group is and how its values are laid out
-and buffered: Note [row space] in codegen/row_plan.py. Here: the kernel (`RowKernel`: pools,
+and buffered: Note [row space] in codegen/kernels/row_plan.py. Here: the kernel (`RowKernel`: pools,
 constants, and `step`, one [rows, columns] tile of it) and how its instructions are spread over
 the engines.
 """
@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from neuroncc.codegen import costs, isa
-from neuroncc.codegen.emit import EmitCtx, P, _compute_instr, rect
-from neuroncc.codegen.row_plan import (
+from neuroncc.codegen.hardware import costs, isa
+from neuroncc.codegen.hardware.targets import Target
+from neuroncc.codegen.kernels.emit import EmitCtx, P, _compute_instr, rect
+from neuroncc.codegen.kernels.row_plan import (
     COLUMN_CHUNK_BYTES,
     REDUCE_OPS,
     RowPlan,
@@ -23,7 +24,6 @@ from neuroncc.codegen.row_plan import (
     row_tiles_per_step,
     values_per_slot,
 )
-from neuroncc.codegen.targets import Target
 from neuroncc.ir.graph import Node, Value
 from neuroncc.ir.ops import Kind, Op
 from neuroncc.ir.types import DType

@@ -7,14 +7,14 @@ import functools
 
 import jinja2
 
-from neuroncc.codegen import isa
-from neuroncc.codegen.program import Executable
+from neuroncc.codegen.executable.program import Executable
+from neuroncc.codegen.hardware import isa
 
 
 @functools.cache
 def _template() -> jinja2.Template:
     env = jinja2.Environment(
-        loader=jinja2.PackageLoader("neuroncc.codegen", "templates"),
+        loader=jinja2.PackageLoader("neuroncc.codegen.executable", "templates"),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
     )

@@ -8,12 +8,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from neuroncc.codegen import dead_keys, isa
-from neuroncc.codegen.costs import dma_ns, instr_ns
-from neuroncc.codegen.emit import P
-from neuroncc.codegen.emit_fused import GENERATED_BYTES, generated_values
-from neuroncc.codegen.row_plan import RowPlan, plan, sbuf_bytes
-from neuroncc.codegen.targets import Target
+from neuroncc.codegen.hardware import isa
+from neuroncc.codegen.hardware.costs import dma_ns, instr_ns
+from neuroncc.codegen.hardware.targets import Target
+from neuroncc.codegen.kernels import dead_keys
+from neuroncc.codegen.kernels.emit import P
+from neuroncc.codegen.kernels.emit_fused import GENERATED_BYTES, generated_values
+from neuroncc.codegen.kernels.row_plan import RowPlan, plan, sbuf_bytes
 from neuroncc.ir.graph import Graph, Node, Value
 from neuroncc.ir.ops import Op
 from neuroncc.ir.types import DType

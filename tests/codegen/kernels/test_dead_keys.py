@@ -13,7 +13,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import neuroncc
-from neuroncc.codegen import dead_keys as dk
+from neuroncc.codegen.kernels import dead_keys as dk
 from neuroncc.ir import numerics
 from neuroncc.runtime.stats import STATS
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from neuroncc.codegen import isa
-from neuroncc.codegen.targets import Target
+from neuroncc.codegen.hardware import isa
+from neuroncc.codegen.hardware.targets import Target
 from neuroncc.ir.types import DType
 
 _LOW_PRECISION = (DType.BF16, DType.F16)
