@@ -65,6 +65,9 @@ REGRESSIONS = [
     ),
     _case("adaptive_max_pool1d", nn.AdaptiveMaxPool1d(9), torch.randn(2, 1, 10)),
     _case("adaptive_max_pool2d", nn.AdaptiveMaxPool2d((5, 3)), torch.randn(2, 3, 7, 11)),
+    # a matmul of an empty batch (the OpInfo sweep's two errors): no block to schedule
+    _case("adaptive_avg_pool1d, empty batch", nn.AdaptiveAvgPool1d(5), torch.randn(0, 8, 8)),
+    _case("Bilinear, empty batch", nn.Bilinear(3, 4, 5), torch.randn(0, 3), torch.randn(0, 4)),
 ]
 
 

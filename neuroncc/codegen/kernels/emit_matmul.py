@@ -150,9 +150,10 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
     blocking = _blocking(ctx, n, largest, on_pe or w_buf is not None)
     if merge is not None and (blocking is None or not on_pe):
         raise CodegenError("a merged-heads operand needs the blocked schedule with A^T on chip")
-    if blocking is None:  # the epilogue, if any, as a kernel of its own after the matmul
+    empty = n.out.type.numel == 0  # (an empty batch: no block to compute)
+    if blocking is None or empty:  # the epilogue, if any, as a kernel of its own after it
         out = ctx.alloc(n.out)
-        if m and nn:
+        if not empty:
             _emit_zero_or_simple(
                 ctx, n, a_buf, b_buf, out, folded is not None, w_buf is not None, b_first, b_stride
             )
