@@ -124,7 +124,7 @@ def _flip_a_body_byte(raw: bytes) -> bytes:
 def _forge(raw: bytes, fix_checksum: bool) -> bytes:
     head, _, body = raw.partition(b"\n")
     header, data = json.loads(head), json.loads(body)
-    data["executable"]["instructions"][0][0] = "exec_python"
+    data["executable"]["blocks"][0][2][0][0] = "exec_python"
     body = json.dumps(data).encode()
     header["bytes"] = len(body)
     if fix_checksum:

@@ -38,7 +38,7 @@ LAYOUTS = {  # (dst, a, b) byte offsets and b's width; a and b are 32 wide
 @pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "max", "pow", "lt"])
 def test_tensor_tensor_steps_match_numerics(op, layout):
     dst, a, b = LAYOUTS[layout]
-    exe = Executable("t", "trn2", 1, (), (), (), (), ())
+    exe = Executable.of_stream("t", "trn2", 1, (), (), (), ())
     mem = Memories(exe, TRN2)
     rng = np.random.default_rng(0)
     x = rng.choice(SPECIAL, (4, 32)) * rng.standard_normal((4, 32), dtype=np.float32)
@@ -52,7 +52,7 @@ def test_tensor_tensor_steps_match_numerics(op, layout):
 @pytest.mark.parametrize("op", ["add", "mul", "div", "max", "pow", "ge"])
 def test_tensor_scalar_steps_match_numerics(op):
     src, dst = _tile(1024, 32), _tile(1024, 32)  # in place
-    mem = Memories(Executable("t", "trn2", 1, (), (), (), (), ()), TRN2)
+    mem = Memories(Executable.of_stream("t", "trn2", 1, (), (), (), ()), TRN2)
     x = np.random.default_rng(1).choice(SPECIAL, (4, 32))
     mem.tile(src)[...] = x
     want = numerics.BINARY[op](x, np.float32(-0.0)).astype(np.float32)

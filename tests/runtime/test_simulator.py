@@ -31,7 +31,7 @@ def _io_program(make_instrs, shape=(4, 8)):
     dst = isa.DramRef("out", 0, F32, ((shape[1], shape[0]), (1, shape[1])))
     instrs = make_instrs(tile, tile2, src, dst)
     loc_in, loc_out = ValueLoc("in0", shape, F32), ValueLoc("out", shape, F32)
-    return Executable(
+    return Executable.of_stream(
         "t",
         "trn2",
         pb._hbm_top,
@@ -270,7 +270,7 @@ def test_neighbouring_kernels_allocate_from_opposite_ends():
                 offsets.append(t.offset)
                 pb.dma(t, src)
     assert offsets == [0, cap - 2048, 0]
-    b_load = pb.instructions[1]
+    b_load = pb.finish((), ()).instructions[1]
     assert not b_load.deps  # a's tile stays where it was: no write-after-read to wait for
     with pb.kernel("d"):
         assert pb.sbuf_pool(cap, bufs=1).base == 0

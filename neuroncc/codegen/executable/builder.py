@@ -1,13 +1,18 @@
 """ProgramBuilder: writes NeuronCore instruction streams, in the spirit of NKI.
 
 The compiler's emitters use it, and so can a person writing a tile program by hand: declare HBM
-tensors, open a kernel, take SBUF/PSUM tiles from rotating pools, issue instructions.
+tensors, open a kernel, take SBUF/PSUM tiles from rotating pools, issue instructions. Each
+kernel becomes a block, shared by identical kernels, and a call of it (Note [blocks and calls]
+in blocks.py).
 
 Invariants it maintains:
-- every instruction's `deps` covers every read-after-write, write-after-read and
-  write-after-write hazard with an earlier instruction on another engine (Note [dependencies]);
+- in the unrolled stream, every instruction's waits cover every read-after-write,
+  write-after-read and write-after-write hazard with an earlier instruction on another engine:
+  inside a kernel by its `deps` (Note [dependencies]), across kernels by its call's waits (Note
+  [kernel boundaries]);
 - SBUF/PSUM tiles are 64-byte aligned regions inside the target's capacity; tiles of a kernel are
-  freed when the kernel closes, so later kernels reuse the space (the tracker orders the reuse);
+  freed when the kernel closes, so later kernels reuse the space (the boundary waits order the
+  reuse);
 - HBM buffers fit the target's HBM and overlap only inside the plan pass's arena, where the
   pass gave values with disjoint lifetimes the same bytes; dependencies are tracked by byte
   address, so reusing bytes orders the new writer after the old value's readers.
@@ -28,8 +33,9 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
+from neuroncc.codegen.executable.blocks import Block, Call, Touch, parametrise, turn_queue
 from neuroncc.codegen.executable.intervals import IntervalIndex
-from neuroncc.codegen.executable.program import Buffer, Executable, Kernel, ValueLoc
+from neuroncc.codegen.executable.program import Buffer, Executable, ValueLoc
 from neuroncc.codegen.hardware import isa
 from neuroncc.codegen.hardware.targets import Target
 from neuroncc.errors import CapacityError, CodegenError
@@ -75,29 +81,45 @@ class DepTracker:
         latest: dict[str, int] = {}
         for ref, write in _accesses(ins):
             mem, box = region(ref, self._buffers)
-            live = self._live.get(mem)
-            if live is None:
-                continue
-            for acc in live.overlapping(box[2], box[3]):
-                if (write or acc.write) and acc.engine != ins.engine and overlaps(box, acc.box):
-                    latest[acc.engine] = max(latest.get(acc.engine, -1), acc.instr)
+            self.conflicts(mem, box, write, ins.engine, latest)
         return tuple(sorted(latest.values()))
+
+    def conflicts(self, mem: str, box: Box, write: bool, engine: str, latest: dict) -> None:
+        """Into `latest` (engine -> instruction): the latest access of each other engine that
+        an access of `box` by `engine` must wait for."""
+        live = self._live.get(mem)
+        if live is None:
+            return
+        for acc in live.overlapping(box[2], box[3]):
+            if (write or acc.write) and acc.engine != engine and overlaps(box, acc.box):
+                latest[acc.engine] = max(latest.get(acc.engine, -1), acc.instr)
 
     def record(self, ins_id: int, ins: isa.Instr) -> None:
         for ref, write in _accesses(ins):
             mem, box = region(ref, self._buffers)
-            live = self._live.setdefault(mem, IntervalIndex())
-            if write:
-                live.remove_where(box[2], box[3], lambda a, box=box: covers(box, a.box))
-            else:  # a later read by the same engine orders everything the earlier one did
-                live.remove_where(
-                    box[2],
-                    box[3],
-                    lambda a, box=box, e=ins.engine: (
-                        not a.write and a.engine == e and covers(box, a.box)
-                    ),
-                )
-            live.add(box[2], box[3], _Access(ins_id, ins.engine, box, write))
+            self.record_access(ins_id, ins.engine, mem, box, write)
+
+    def record_access(
+        self, ins_id: int, engine: str, mem: str, box: Box, write: bool, before: int | None = None
+    ) -> None:
+        """Record an access; accesses it supersedes are dropped (Note [dependencies]), of
+        those with ids below `before` only if given: a call's last touches are not ordered
+        among themselves (Note [kernel boundaries])."""
+        live = self._live.setdefault(mem, IntervalIndex())
+        limit = ins_id if before is None else before
+        if write:
+            live.remove_where(
+                box[2], box[3], lambda a, box=box: a.instr < limit and covers(box, a.box)
+            )
+        else:  # a later read by the same engine orders everything the earlier one did
+            live.remove_where(
+                box[2],
+                box[3],
+                lambda a, box=box, e=engine: (
+                    a.instr < limit and not a.write and a.engine == e and covers(box, a.box)
+                ),
+            )
+        live.add(box[2], box[3], _Access(ins_id, engine, box, write))
 
 
 def _accesses(ins: isa.Instr) -> list[tuple[isa.Operand, bool]]:
@@ -173,12 +195,18 @@ class RingPool:
 class ProgramBuilder:
     def __init__(self, target: Target, name: str = "main") -> None:
         self.target, self.name = target, name
-        self.instructions: list[isa.Instr] = []
-        self.kernels: list[Kernel] = []
+        self.blocks: list[Block] = []
+        self.calls: list[Call] = []
+        self._block_index: dict[Block, int] = {}  # an identical kernel's block is shared
         self.buffers: dict[str, Buffer] = {}
         self._hbm_top = 0
         self._arena: tuple[int, int] | None = None  # (offset, bytes) of the plan's arena
-        self._tracker = DepTracker(self.buffers)
+        self._boundary = DepTracker(self.buffers)  # the calls' touches: Note [kernel boundaries]
+        self._emitted = 0  # instructions placed by calls
+        self._open: str | None = None  # the open kernel's name
+        self._local: list[isa.Instr] = []  # ... and its instructions so far
+        self._tracker = DepTracker(self.buffers)  # ... and their accesses
+        self._phase = 0  # ... and the queue turn it started at
         self._sbuf = _Stack("sbuf", target.sbuf_partition_bytes, ALIGN)
         self._psum = _Stack("psum", target.psum_partition_bytes, target.psum_bank_bytes)
         self._down = False  # the next kernel's allocation direction (Note [kernel placement])
@@ -253,46 +281,121 @@ class ProgramBuilder:
 
     @contextlib.contextmanager
     def kernel(self, name: str) -> Iterator[None]:
-        """Note [kernel placement]: each kernel allocates SBUF and PSUM from the other end than
-        the kernel before it. Tiles are freed when their kernel closes, and the dependency
-        tracker orders a reuse of bytes after their last access; where the two kernels fit
-        side by side no byte is reused, and the new kernel's loads run while the old one
-        finishes."""
-        sbuf_top, psum_top, start = self._sbuf.top, self._psum.top, len(self.instructions)
+        """Open a kernel: what is emitted until it closes is one block (Note [blocks and
+        calls]), with waits local to it.
+
+        Note [kernel placement]: each kernel allocates SBUF and PSUM from the other end than
+        the kernel before it. Tiles are freed when their kernel closes, and the boundary waits
+        order a reuse of bytes after their last access; where the two kernels fit side by side
+        no byte is reused, and the new kernel's loads run while the old one finishes."""
+        self._close_kernel()
+        sbuf_top, psum_top = self._sbuf.top, self._psum.top
         self._sbuf.down = self._psum.down = self._down
+        self._open_kernel(name)
         try:
             yield
         finally:
             self._sbuf.top, self._psum.top = sbuf_top, psum_top
-        if len(self.instructions) > start:  # an empty kernel (a folded view) takes no bytes
+        if self._local:  # an empty kernel (a folded view) takes no bytes
             self._down = not self._down
-        self.kernels.append(Kernel(name, start, len(self.instructions)))
+        self._close_kernel()
+
+    def _open_kernel(self, name: str) -> None:
+        self._open = name
+        self._local = []
+        self._tracker = DepTracker(self.buffers)
+        self._phase = self._queue % self._shared_queues
+
+    def _close_kernel(self) -> None:
+        """The open kernel's instructions as a block (shared with an identical one built
+        before) placed by a call."""
+        if self._open is None:
+            return
+        block, args = parametrise(self._open, self._local)
+        index = self._block_index.setdefault(block, len(self.blocks))
+        if index == len(self.blocks):
+            self.blocks.append(block)
+        self.place(index, self._open, args, self._phase)
+        self._open, self._local = None, []
+
+    def place(self, index: int, name: str, args: tuple[str, ...], phase: int) -> None:
+        """A call of block `index`: its waits across kernels from its footprint (Note [kernel
+        boundaries]), then its last touches are what later calls wait for."""
+        block = self.blocks[index]
+        entries, exits = block.footprint
+        base = self._emitted
+        waits: dict[int, set[int]] = {}
+        for touch in entries:
+            mem, box, engine = self._absolute(touch, args, phase)
+            latest: dict[str, int] = {}
+            self._boundary.conflicts(mem, box, touch.write, engine, latest)
+            if latest:
+                waits.setdefault(touch.instr, set()).update(latest.values())
+        for touch in exits:
+            mem, box, engine = self._absolute(touch, args, phase)
+            self._boundary.record_access(base + touch.instr, engine, mem, box, touch.write, base)
+        self.calls.append(
+            Call(
+                name,
+                index,
+                args,
+                phase,
+                tuple((j, tuple(sorted(w))) for j, w in sorted(waits.items())),
+            )
+        )
+        self._emitted += len(block.instructions)
+
+    def _absolute(self, touch: Touch, args: tuple[str, ...], phase: int) -> tuple[str, Box, str]:
+        engine = turn_queue(touch.engine, phase, self._shared_queues)
+        if touch.mem != "hbm":
+            return touch.mem, touch.box, engine
+        base = self.buffers[args[touch.param]].offset
+        return "hbm", (0, 1, base + touch.box[2], base + touch.box[3]), engine
 
     # -- instructions ------------------------------------------------------------------------
     def reserve_queues(self, n: int) -> tuple[str, ...]:
         """The last n DMA queues, for the caller's transfers alone: the others take the rest
         in turn, so no transfer of theirs queues ahead of the caller's."""
+        if self.calls or self._local:
+            raise CodegenError("DMA queues are set aside before the first instruction")
         self._shared_queues = self.target.dma_queues - n
         return tuple(isa.dma_queue(q) for q in range(self._shared_queues, self.target.dma_queues))
 
     def next_queue(self) -> str:
-        q = isa.dma_queue(self._queue % self._shared_queues)
+        """The next shared queue in turn, as the open block names it (Note [blocks and
+        calls]: a call turns the block's queues by the phase the program was at)."""
+        q = isa.dma_queue((self._queue % self._shared_queues - self._phase) % self._shared_queues)
         self._queue += 1
         return q
 
+    def _local_queue(self, queue: str) -> str:
+        """A queue the caller named, as the open block names it."""
+        q = int(queue[1:])
+        if q >= self._shared_queues:
+            return queue
+        return isa.dma_queue((q - self._phase) % self._shared_queues)
+
     def emit(self, ins: isa.Instr) -> int:
+        """Append an instruction to the open kernel (a kernel named after the program opens
+        if none is); its id in the program's unrolled stream."""
+        if self._open is None:
+            self._open_kernel(self.name)
         ins = replace(ins, deps=self._tracker.deps(ins))
-        ins_id = len(self.instructions)
-        self.instructions.append(ins)
-        self._tracker.record(ins_id, ins)
-        return ins_id
+        local = len(self._local)
+        self._local.append(ins)
+        self._tracker.record(local, ins)
+        return self._emitted + local
 
     def dma(self, dst: isa.Operand, src: isa.Operand, queue: str | None = None) -> int:
         if dst.numel != src.numel:
             raise CodegenError(f"dma copies {src.numel} elements into {dst.numel}: {src} -> {dst}")
-        return self.emit(isa.Dma(queue or self.next_queue(), dst=dst, src=src))
+        if self._open is None:
+            self._open_kernel(self.name)
+        q = self._local_queue(queue) if queue else self.next_queue()
+        return self.emit(isa.Dma(q, dst=dst, src=src))
 
     def finish(self, inputs: Sequence[ValueLoc], outputs: Sequence[ValueLoc]) -> Executable:
+        self._close_kernel()
         return Executable(
             name=self.name,
             target=self.target.name,
@@ -300,8 +403,9 @@ class ProgramBuilder:
             buffers=tuple(self.buffers.values()),
             inputs=tuple(inputs),
             outputs=tuple(outputs),
-            instructions=tuple(self.instructions),
-            kernels=tuple(self.kernels),
+            blocks=tuple(self.blocks),
+            calls=tuple(self.calls),
+            shared_queues=self._shared_queues,
         )
 
     @property

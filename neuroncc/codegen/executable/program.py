@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from neuroncc.codegen.executable.blocks import Block, Call, expand, parametrise
 from neuroncc.codegen.hardware import isa
 from neuroncc.ir.types import DType
 
-FORMAT_VERSION = 5  # 2: Matmul.transpose; 3: interned operands, positional rows;
-# 4: activation_reduce; 5: Matmul.tile_rows
+FORMAT_VERSION = 6  # 2: Matmul.transpose; 3: interned operands, positional rows;
+# 4: activation_reduce; 5: Matmul.tile_rows; 6: blocks and calls
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ class ValueLoc:
 
 @dataclass(frozen=True)
 class Kernel:
-    """A contiguous range of instructions emitted for one IR node (or fused group)."""
+    """A contiguous range of the unrolled stream's instructions: one kernel call."""
 
     name: str
     start: int
@@ -61,15 +63,63 @@ class Kernel:
 
 @dataclass(frozen=True)
 class Executable:
+    """Kernel calls of shared blocks (Note [blocks and calls] in blocks.py) and the HBM buffer
+    table; `instructions` and `kernels` are the unrolled stream, made on demand."""
+
     name: str
     target: str
     hbm_bytes: int
     buffers: tuple[Buffer, ...]
     inputs: tuple[ValueLoc, ...]
     outputs: tuple[ValueLoc, ...]
-    instructions: tuple[isa.Instr, ...]
-    kernels: tuple[Kernel, ...]
+    blocks: tuple[Block, ...]
+    calls: tuple[Call, ...]
+    shared_queues: int
     version: int = FORMAT_VERSION
+
+    @functools.cached_property
+    def instructions(self) -> tuple[isa.Instr, ...]:
+        return expand(self.blocks, self.calls, self.shared_queues)
+
+    @functools.cached_property
+    def kernels(self) -> tuple[Kernel, ...]:
+        out, at = [], 0
+        for call in self.calls:
+            n = len(self.blocks[call.block].instructions)
+            out.append(Kernel(call.name, at, at + n))
+            at += n
+        return tuple(out)
+
+    @staticmethod
+    def of_stream(
+        name: str,
+        target: str,
+        hbm_bytes: int,
+        buffers: tuple[Buffer, ...],
+        inputs: tuple[ValueLoc, ...],
+        outputs: tuple[ValueLoc, ...],
+        instructions: tuple[isa.Instr, ...],
+        kernels: tuple[Kernel, ...] = (),
+    ) -> Executable:
+        """An executable of an unrolled stream written out (a test's, a hand-written
+        program's): each kernel (the whole stream if none is given) a block of its own, its
+        waits on earlier kernels its call's."""
+        kernels = kernels or (Kernel(name, 0, len(instructions)),)
+        blocks, calls = [], []
+        for k in kernels:
+            local, waits = [], {}
+            for j, ins in enumerate(instructions[k.start : k.stop]):
+                inside = tuple(d - k.start for d in ins.deps if d >= k.start)
+                outside = tuple(d for d in ins.deps if d < k.start)
+                if outside:
+                    waits[j] = outside
+                local.append(dataclasses.replace(ins, deps=inside))
+            block, args = parametrise(k.name, local)
+            calls.append(Call(k.name, len(blocks), args, 0, tuple(sorted(waits.items()))))
+            blocks.append(block)
+        return Executable(
+            name, target, hbm_bytes, buffers, inputs, outputs, tuple(blocks), tuple(calls), 16
+        )
 
     def buffer(self, name: str) -> Buffer:
         for b in self.buffers:
@@ -140,19 +190,26 @@ class _Codec:
             for opcode, cls in isa.INSTRUCTIONS.items()
         }
 
-    def encode(self, instructions: tuple[isa.Instr, ...]) -> tuple[list, list]:
+    def encode(self, streams: list[tuple[isa.Instr, ...]]) -> tuple[list, list[list]]:
+        """The operand table the streams share, and each stream's rows."""
         table: dict[isa.Operand, int] = {}
-        rows = []
-        for ins in instructions:
-            row: list[Any] = [ins.opcode, ins.engine, list(ins.deps)]
-            for name, is_operand in self.fields[ins.opcode]:
-                value = getattr(ins, name)
-                row.append(table.setdefault(value, len(table)) if is_operand else value)
-            rows.append(row)
-        return [_encode_ref(r) for r in table], rows
+        encoded = []
+        for instructions in streams:
+            rows = []
+            for ins in instructions:
+                row: list[Any] = [ins.opcode, ins.engine, list(ins.deps)]
+                for name, is_operand in self.fields[ins.opcode]:
+                    value = getattr(ins, name)
+                    row.append(table.setdefault(value, len(table)) if is_operand else value)
+                rows.append(row)
+            encoded.append(rows)
+        return [_encode_ref(r) for r in table], encoded
 
-    def decode(self, operands: list, rows: list) -> tuple[isa.Instr, ...]:
+    def decode(self, operands: list, streams: list) -> list[tuple[isa.Instr, ...]]:
         table = [_decode_ref(r) for r in operands]
+        return [self._decode_rows(table, rows) for rows in streams]
+
+    def _decode_rows(self, table: list, rows: list) -> tuple[isa.Instr, ...]:
         out = []
         for row in rows:
             layout = self.layouts.get(row[0])
@@ -198,7 +255,7 @@ _CODEC = _Codec()
 
 
 def _encode_executable(exe: Executable) -> dict:
-    operands, rows = _CODEC.encode(exe.instructions)
+    operands, streams = _CODEC.encode([b.instructions for b in exe.blocks])
     return {
         "version": exe.version,
         "name": exe.name,
@@ -207,14 +264,31 @@ def _encode_executable(exe: Executable) -> dict:
         "buffers": [[b.name, b.kind, b.offset, b.dtype.value, list(b.shape)] for b in exe.buffers],
         "inputs": [[v.buffer, list(v.shape), v.dtype.value] for v in exe.inputs],
         "outputs": [[v.buffer, list(v.shape), v.dtype.value] for v in exe.outputs],
-        "kernels": [[k.name, k.start, k.stop] for k in exe.kernels],
+        "shared_queues": exe.shared_queues,
         "operands": operands,
-        "instructions": rows,
+        "blocks": [[b.name, b.params, rows] for b, rows in zip(exe.blocks, streams, strict=True)],
+        "calls": [
+            [c.name, c.block, list(c.args), c.phase, [[j, list(w)] for j, w in c.waits]]
+            for c in exe.calls
+        ],
     }
 
 
 def _decode_executable(d: dict) -> Executable:
     try:
+        streams = _CODEC.decode(d["operands"], [rows for _, _, rows in d["blocks"]])
+        blocks = tuple(
+            Block(name, params, instructions)
+            for (name, params, _), instructions in zip(d["blocks"], streams, strict=True)
+        )
+        calls = tuple(
+            Call(name, block, tuple(args), phase, tuple((j, tuple(w)) for j, w in waits))
+            for name, block, args, phase, waits in d["calls"]
+        )
+        if any(
+            not 0 <= c.block < len(blocks) or len(c.args) != blocks[c.block].params for c in calls
+        ):
+            raise ValueError("a call names a block that is not there, or binds other parameters")
         return Executable(
             name=d["name"],
             target=d["target"],
@@ -225,8 +299,9 @@ def _decode_executable(d: dict) -> Executable:
             ),
             inputs=tuple(ValueLoc(b, tuple(s), DType(dt)) for b, s, dt in d["inputs"]),
             outputs=tuple(ValueLoc(b, tuple(s), DType(dt)) for b, s, dt in d["outputs"]),
-            instructions=_CODEC.decode(d["operands"], d["instructions"]),
-            kernels=tuple(Kernel(*k) for k in d["kernels"]),
+            blocks=blocks,
+            calls=calls,
+            shared_queues=d["shared_queues"],
             version=d["version"],
         )
     except (KeyError, TypeError, IndexError) as e:

@@ -34,11 +34,11 @@ def test_loading_rejects_other_versions_and_unknown_instructions():
     with pytest.raises(ValueError, match="format version"):
         Executable.from_json(json.dumps(data))
     data = json.loads(_exe().to_json())
-    data["instructions"][0][0] = "exec_python"
+    data["blocks"][0][2][0][0] = "exec_python"
     with pytest.raises(ValueError, match="unknown instruction 'exec_python'"):
         Executable.from_json(json.dumps(data))
     data = json.loads(_exe().to_json())
-    data["instructions"][0].append("x")
+    data["blocks"][0][2][0].append("x")
     with pytest.raises(ValueError, match="fields"):
         Executable.from_json(json.dumps(data))
     data = json.loads(_exe().to_json())
