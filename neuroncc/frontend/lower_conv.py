@@ -105,7 +105,7 @@ def _depthwise(ctx: LowerCtx, xp: Value, w: Value, bias, out_sp, stride, dilatio
     n, c = xp.type.shape[:2]
     o, kernel = w.type.shape[0], list(w.type.shape[2:])
     m, taps, count = o // c, math.prod(kernel), n * math.prod(out_sp)
-    split = _row_split(o, count, taps)
+    split = row_split(o, count, taps)
     rows, cols = o * split, count // split
     st = contiguous_strides(tuple(xp.type.shape))
     dtype, acc = xp.type.dtype, DType.F32 if xp.type.dtype.is_float else xp.type.dtype
@@ -134,7 +134,7 @@ def _depthwise(ctx: LowerCtx, xp: Value, w: Value, bias, out_sp, stride, dilatio
     return ctx.reshape(ctx.cast(y, dtype), [o, count])
 
 
-def _row_split(channels: int, count: int, taps: int) -> int:
+def row_split(channels: int, count: int, taps: int) -> int:
     """Into how many rows each channel's `count` outputs go: the fewest that fill 128
     partitions with rows short enough for one kernel, else the fewest short enough."""
     longest = max(1, ROW_BUDGET // (2 * taps + 6))
