@@ -563,27 +563,33 @@ def _since(start: float) -> float:
 def campaign(families: list[str], cases: int, seed: int | None, progress: bool) -> list[Outcome]:
     outcomes: list[Outcome] = []
     for family in families:
-
-        @settings(
-            max_examples=cases,
-            deadline=None,
-            database=None,
-            phases=[Phase.generate],
-            derandomize=seed is not None,
-            suppress_health_check=list(HealthCheck),
-        )
-        @given(case=FAMILIES[family](), bf16=st.booleans(), train=st.booleans())
-        def run(case: Case, bf16: bool, train: bool, family: str = family) -> None:
-            outcome = check(case, torch.bfloat16 if bf16 else torch.float32, train)
-            outcomes.append(outcome)
-            if progress:
-                mark = "ok  " if outcome.ok else "FAIL"
-                print(f"{mark} {outcome.seconds:5.1f}s {family}: {outcome.what}", file=sys.stderr)
-                if not outcome.ok:
-                    print(f"       {outcome.problem}", file=sys.stderr)
-
-        run()
+        _family_test(family, cases, seed, progress, outcomes)()
     return outcomes
+
+
+def _family_test(family: str, cases: int, seed: int | None, progress: bool, outcomes: list):
+    """The hypothesis test of one family (a function of its own: @given takes no defaults to
+    bind a loop variable with)."""
+
+    @settings(
+        max_examples=cases,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate],
+        derandomize=seed is not None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(case=FAMILIES[family](), bf16=st.booleans(), train=st.booleans())
+    def run(case: Case, bf16: bool, train: bool) -> None:
+        outcome = check(case, torch.bfloat16 if bf16 else torch.float32, train)
+        outcomes.append(outcome)
+        if progress:
+            mark = "ok  " if outcome.ok else "FAIL"
+            print(f"{mark} {outcome.seconds:5.1f}s {family}: {outcome.what}", file=sys.stderr)
+            if not outcome.ok:
+                print(f"       {outcome.problem}", file=sys.stderr)
+
+    return run
 
 
 def _signature(problem: str) -> str:

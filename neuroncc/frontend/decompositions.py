@@ -14,6 +14,7 @@ from torch._decomp import core_aten_decompositions
 from torch._decomp import decomposition_table as decomposition_table_torch
 
 from neuroncc.frontend import fx_import  # noqa: F401  (fills LOWERINGS)
+from neuroncc.frontend.decomp_conv import convolution_backward, convolution_transposed
 from neuroncc.frontend.decomp_special import SPECIAL_DECOMPOSITIONS
 from neuroncc.frontend.registry import LOWERINGS
 
@@ -71,123 +72,6 @@ def _sum_heads(t, groups: int):
         return t
     *batch, heads, n, e = t.shape
     return t.reshape(*batch, heads // groups, groups, n, e).sum(-3)
-
-
-def _conv_windows(xp, n, out_sp, cg, kernel, stride, dilation, offset):
-    """The [N, *out, Cg, *kernel] windows of a contiguous padded input, as a strided view."""
-    st = xp.stride()
-    k = len(kernel)
-    return xp.as_strided(
-        (n, *out_sp, cg, *kernel),
-        (
-            st[0],
-            *(stride[d] * st[2 + d] for d in range(k)),
-            st[1],
-            *(dilation[d] * st[2 + d] for d in range(k)),
-        ),
-        offset,
-    )
-
-
-def _convolution_backward(
-    grad_out,
-    x,
-    w,
-    bias_sizes,
-    stride,
-    padding,
-    dilation,
-    transposed,
-    output_padding,
-    groups,
-    output_mask,
-):
-    """The gradients of im2col convolution: weight = grad_out^T @ windows; input = grad_out @ w
-    scattered back into the windows (index_add) and cropped; bias = sum of grad_out."""
-    if transposed:
-        return _conv_transpose_backward(
-            grad_out, x, w, stride, padding, dilation, groups, output_mask
-        )
-    k = x.dim() - 2
-    n, c, o = x.shape[0], x.shape[1], w.shape[0]
-    kernel = list(w.shape[2:])
-    pad = [p for q in reversed(padding) for p in (q, q)]
-    xp = torch.nn.functional.pad(x, pad).contiguous()
-    out_sp = list(grad_out.shape[2:])
-    cg, og = c // groups, o // groups
-    rows, width = n * math.prod(out_sp), cg * math.prod(kernel)
-    positions = _conv_windows(
-        torch.arange(xp.numel(), device=x.device).view(xp.shape),
-        n,
-        out_sp,
-        cg,
-        kernel,
-        stride,
-        dilation,
-        0,
-    )
-    grad_w, grad_xp = [], torch.zeros(xp.numel(), dtype=x.dtype, device=x.device)
-    for g in range(groups):
-        go = grad_out[:, g * og : (g + 1) * og].movedim(1, -1).reshape(rows, og)
-        if output_mask[1]:
-            offset = g * cg * xp.stride(1)
-            cols = _conv_windows(xp, n, out_sp, cg, kernel, stride, dilation, offset)
-            grad_w.append((go.t() @ cols.reshape(rows, width)).reshape(og, cg, *kernel))
-        wg = w[g * og : (g + 1) * og].reshape(og, width)
-        idx = (positions + g * cg * xp.stride(1)).reshape(-1)
-        grad_xp = grad_xp.index_add(0, idx, (go @ wg).reshape(-1))
-    grad_xp = grad_xp.view(xp.shape)
-    crop = [slice(None), slice(None)] + [
-        slice(p, p + x.shape[2 + d]) for d, p in enumerate(padding)
-    ]
-    grad_x = grad_xp[tuple(crop)] if output_mask[0] else None
-    grad_b = grad_out.sum([0, *range(2, k + 2)]) if output_mask[2] else None
-    return grad_x, torch.cat(grad_w, 0) if output_mask[1] else None, grad_b
-
-
-def _conv_transpose(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
-    """A transposed convolution is the input gradient of the ordinary convolution that maps
-    its output back to its input (weight [C_in, C_out/groups, *k] read as [O, C/groups, *k]),
-    so it is built by the same im2col scatter."""
-    if not transposed:
-        return NotImplemented
-    k = x.dim() - 2
-    out_sp = [
-        (x.shape[2 + d] - 1) * stride[d]
-        - 2 * padding[d]
-        + dilation[d] * (w.shape[2 + d] - 1)
-        + output_padding[d]
-        + 1
-        for d in range(k)
-    ]
-    like = torch.zeros(x.shape[0], w.shape[1] * groups, *out_sp, dtype=x.dtype, device=x.device)
-    mask = [True, False, False]
-    y = _convolution_backward(
-        x, like, w, None, stride, padding, dilation, False, None, groups, mask
-    )[0]
-    return y if bias is None else y + bias.view(-1, *([1] * k))
-
-
-def _conv_transpose_backward(grad_out, x, w, stride, padding, dilation, groups, output_mask):
-    """Gradients of y = conv_transpose(x, w): the input's is the ordinary convolution of
-    grad_out with w; the weight's is that convolution's weight gradient with the roles of input
-    (grad_out) and output gradient (x) exchanged."""
-    k = x.dim() - 2
-    grad_x = grad_w = grad_b = None
-    if output_mask[0]:
-        grad_x = torch.convolution(
-            grad_out, w, None, stride, padding, dilation, False, [0] * k, groups
-        )
-        # An output_padding >= stride (allowed below the dilation) adds a trailing window.
-        grad_x = grad_x[(slice(None), slice(None), *(slice(0, n) for n in x.shape[2:]))]
-    if output_mask[1]:
-        mask = [False, True, False]
-        grad_w = _convolution_backward(
-            x, grad_out, w, None, stride, padding, dilation, False, None, groups, mask
-        )[1]
-    if output_mask[2]:
-        grad_b = grad_out.sum([0, *range(2, k + 2)])
-    return grad_x, grad_w, grad_b
 
 
 def _pool_geometry(x, kernel, stride, padding):
@@ -489,8 +373,8 @@ def decomposition_table() -> dict:
     table[aten._scaled_dot_product_flash_attention_for_cpu_backward.default] = (
         _flash_attention_cpu_backward
     )
-    table[aten.convolution.default] = _conv_transpose
-    table[aten.convolution_backward.default] = _convolution_backward
+    table[aten.convolution.default] = convolution_transposed
+    table[aten.convolution_backward.default] = convolution_backward
     table[aten.avg_pool2d.default] = _avg_pool2d
     table[aten.avg_pool2d_backward.default] = _avg_pool2d_backward
     table[aten._adaptive_avg_pool2d_backward.default] = _adaptive_avg_pool2d_backward

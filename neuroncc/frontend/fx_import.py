@@ -22,6 +22,7 @@ import torch.fx
 
 from neuroncc.errors import NeuronccInternalError, UnsupportedError
 from neuroncc.frontend import (  # noqa: F401 (register the lowerings)
+    lower_conv,
     lower_index,
     lower_nn,
     lower_pointwise,

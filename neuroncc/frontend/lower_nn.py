@@ -1,6 +1,5 @@
 """Lowerings of neural-network building blocks: softmax, normalisations (layer, group, batch,
-RMS through its parts), variance and norms, and convolution (im2col: a strided DMA view of the
-padded input, then one TensorE matmul per group).
+RMS through its parts), variance and norms. Convolution: lower_conv.py.
 
 Statistics are computed in fp32 whatever the input dtype, as PyTorch does for low precision.
 """
@@ -11,11 +10,11 @@ import math
 
 import torch
 
-from neuroncc.frontend.lower_tensor import lower_constant_pad, reduce, reduced_count, slice_axis
+from neuroncc.frontend.lower_tensor import reduce, reduced_count
 from neuroncc.frontend.registry import LowerCtx, norm_dim, register_lowering
 from neuroncc.ir.graph import Value
 from neuroncc.ir.ops import Op
-from neuroncc.ir.types import DType, contiguous_strides
+from neuroncc.ir.types import DType
 
 aten = torch.ops.aten
 
@@ -218,47 +217,3 @@ def lower_batch_norm_eval(ctx: LowerCtx, x, weight, bias, running_mean, running_
         ctx.full(0, empty.shape, empty.dtype),
         ctx.full(0, ctx.out_type(2).shape, ctx.out_type(2).dtype),
     )
-
-
-@register_lowering(aten.convolution.default)
-def lower_convolution(
-    ctx, x, w, bias, stride, padding, dilation, transposed, output_padding, groups
-):
-    """im2col: the padded input viewed (one strided DMA) as [N, *out, C, *kernel] windows, then
-    a [N*out, C*kernel] x [C*kernel, O] matmul per group on TensorE."""
-    if transposed:
-        raise ctx.unsupported("transposed convolution")
-    k = x.type.rank - 2
-    n, c, o = x.type.shape[0], x.type.shape[1], w.type.shape[0]
-    kernel = list(w.type.shape[2:])
-    pad = []
-    for p in reversed(padding):
-        pad += [p, p]
-    xp = lower_constant_pad(ctx, x, pad, 0) if any(padding) else x
-    spatial = list(xp.type.shape[2:])
-    out_sp = [(spatial[d] - dilation[d] * (kernel[d] - 1) - 1) // stride[d] + 1 for d in range(k)]
-    st = contiguous_strides(tuple(xp.type.shape))
-    cg, og = c // groups, o // groups
-    results = []
-    for g in range(groups):
-        cols = ctx.op(
-            Op.STRIDED,
-            xp,
-            shape=[n, *out_sp, cg, *kernel],
-            strides=[
-                st[0],
-                *(stride[d] * st[2 + d] for d in range(k)),
-                st[1],
-                *(dilation[d] * st[2 + d] for d in range(k)),
-            ],
-            offset=g * cg * st[1],
-        )
-        cols = ctx.reshape(cols, [n * math.prod(out_sp), cg * math.prod(kernel)])
-        wg = slice_axis(ctx, w, 0, g * og, (g + 1) * og, 1) if groups > 1 else w
-        wg = ctx.transpose(ctx.reshape(wg, [og, cg * math.prod(kernel)]), [1, 0])
-        results.append(ctx.op(Op.MATMUL, cols, wg))
-    y = ctx.concat(results, axis=1)
-    y = ctx.transpose(ctx.reshape(y, [n, *out_sp, o]), [0, k + 1, *range(1, k + 1)])
-    if bias is not None:
-        y = ctx.op(Op.ADD, y, _per_channel(ctx, bias, y))
-    return y
