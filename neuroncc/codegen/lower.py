@@ -24,6 +24,7 @@ from neuroncc.codegen.kernels.emit_few_rows import (
 )
 from neuroncc.codegen.kernels.emit_fused import emit_fused
 from neuroncc.codegen.kernels.emit_tensor import transpose_layout
+from neuroncc.codegen.kernels.reuse import emit_once
 from neuroncc.codegen.kernels.views import (
     cols_read_in_place,
     concat_sources,
@@ -37,28 +38,32 @@ from neuroncc.ir.ops import Op
 from neuroncc.ir.printer import format_node
 
 
-def emit_graph(g: Graph, target: Target) -> Executable:
+def emit_graph(g: Graph, target: Target, reuse: bool = True) -> Executable:
+    """g's executable; `reuse=False` emits every kernel, where a kernel identical to two
+    before it is otherwise placed from its template (Note [kernel reuse])."""
     tile = stream_tile_bytes(g, target)
     if tile:  # Note [weight stream]
         try:
-            return _emit(g, target, STREAM_TILES * tile)
+            return _emit(g, target, STREAM_TILES * tile, reuse)
         except OnChipOverflow:
             pass  # a kernel needs the bytes the ring would take: without it
-    return _emit(g, target, 0)
+    return _emit(g, target, 0, reuse)
 
 
-def _emit(g: Graph, target: Target, stream_bytes: int) -> Executable:
+def _emit(g: Graph, target: Target, stream_bytes: int, reuse: bool) -> Executable:
     ctx = EmitCtx(g, target)
+    ctx.reuse = reuse
     if stream_bytes:
         ring = RingPool("sbuf", ctx.b.reserve_sbuf(stream_bytes), stream_bytes)
         ctx.weight_stream = WeightStream(ring, ctx.b.reserve_queues(STREAM_QUEUES))
     nodes = list(g.nodes)
     start = {ids[0]: ids for ids in g.kernels}
     attention: dict[int, AttentionPlan] = {}
+    analysed: dict = {}  # the dead-key facts of row groups, layer to layer (dead_keys.analyse)
     for first, ap in attention_plans(g, target).items():
         if ap is None:
             raise CodegenError("the fuse pass formed an attention group codegen rejects")
-        attention[first] = with_key_facts(g, ap)
+        attention[first] = with_key_facts(g, ap, analysed)
     backward = backward_plans(g, target)
     ctx.views, skipped = fold_operand_views(g, list(attention.values()))
     backward_views, backward_skipped = fold_backward_views(g, backward.values())
@@ -68,7 +73,7 @@ def _emit(g: Graph, target: Target, stream_bytes: int) -> Executable:
     ctx.row_slices = rows_read_in_place(g)
     ctx.col_slices = cols_read_in_place(g)
     ctx.merged_heads = merged_heads(g, target.pe_exact_transpose)
-    skipped = skipped | {vid for merge in ctx.merged_heads.values() for vid in merge.nodes}
+    skipped = skipped | {v.id for merge in ctx.merged_heads.values() for v in merge.nodes}
 
     def on_dma(n) -> bool:
         return transpose_layout(g, n, target) == "dma"
@@ -93,7 +98,8 @@ def _emit(g: Graph, target: Target, stream_bytes: int) -> Executable:
             group = nodes[i : i + len(ids)]
             ap, bp = attention.get(n.out.id), backward.get(n.out.id)
             kind = "attention" if ap else "attention_backward" if bp else "fused"
-            with ctx.b.kernel(f"{kind}.{n.out.id}-{group[-1].out.id}"):
+
+            def emit_group(ap=ap, bp=bp, group=group, n=n) -> None:
                 if ap is not None:
                     emit_attention(ctx, ap)  # Note [attention kernel]
                 elif bp is not None:
@@ -102,13 +108,18 @@ def _emit(g: Graph, target: Target, stream_bytes: int) -> Executable:
                     emit_matmul.emit_matmul(ctx, n, group[1:])  # Note [matmul epilogue]
                 else:
                     emit_fused(ctx, group)
+
+            emit_once(ctx, f"{kind}.{n.out.id}-{group[-1].out.id}", group, emit_group)
             i += len(group)
             continue
-        with ctx.b.kernel(f"{n.op.value}.{n.out.id}"):
+
+        def emit_node(n=n) -> None:
             try:
                 EMITTERS[n.op](ctx, n)
             except CodegenError as e:
                 raise type(e)(f"emitting {format_node(n)}: {e}") from None
+
+        emit_once(ctx, f"{n.op.value}.{n.out.id}", [n], emit_node)
         i += 1
     inputs = [ctx.loc[v.id] for v in g.inputs]
     outputs = [ctx.loc[v.id] for v in g.outputs]

@@ -1,7 +1,8 @@
 """Process-wide counters behind neuroncc.stats().
 
 This is the one piece of module-level mutable state in neuroncc, and it is only written by the
-backend entry, the cache and the executor, never read by compilation decisions.
+backend entry, the cache, the executor and kernel reuse (codegen/kernels/reuse.py), never read
+by compilation decisions.
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ _COUNTERS = (
     "executions",
     "timing_only_executions",
     "weight_layouts",  # weights laid out for an inference graph (Note [weight layout])
+    # Note [kernel reuse]: kernels emitted, placed from a template without emitting, and keys
+    # whose second kernel came out other than the first (never replayed)
+    "kernels_emitted",
+    "kernels_reused",
+    "kernel_key_mismatches",
     "instructions",
     "device_seconds",
     "roofline_seconds",

@@ -179,16 +179,16 @@ class RingPool:
 
     def __init__(self, mem: str, base: int, nbytes: int) -> None:
         self.mem, self.base, self.nbytes = mem, base, nbytes
-        self._at = 0
+        self.position = 0  # where the next tile goes, in bytes from base
 
     def tile(self, np_: int, free: Sequence[int], dtype: DType) -> isa.TileRef:
         t = isa.TileRef(self.mem, 0, np_, 0, dtype, tuple(free))
         size = -(-t.free_bytes // ALIGN) * ALIGN
         if size > self.nbytes or np_ > 128:
             raise CodegenError(f"tile {t} does not fit a {self.nbytes}-byte ring")
-        if self._at + size > self.nbytes:
-            self._at = 0
-        offset, self._at = self.base + self._at, self._at + size
+        if self.position + size > self.nbytes:
+            self.position = 0
+        offset, self.position = self.base + self.position, self.position + size
         return replace(t, offset=offset)
 
 
@@ -317,6 +317,27 @@ class ProgramBuilder:
             self.blocks.append(block)
         self.place(index, self._open, args, self._phase)
         self._open, self._local = None, []
+
+    def replay_kernel(self, name: str, index: int, args: tuple[str, ...], queues: int) -> None:
+        """A kernel identical to the one block `index` was built from, placed without building
+        it (Note [kernel reuse] in kernels/reuse.py): a call of the block on `args`, and the
+        program's state moved on as building it would have (the queues it dealt, the end its
+        tiles came from)."""
+        self._close_kernel()
+        self.place(index, name, args, self._queue % self._shared_queues)
+        self._queue += queues
+        if self.blocks[index].instructions:
+            self._down = not self._down
+
+    @property
+    def direction(self) -> bool:
+        """The end of SBUF and PSUM the next kernel allocates from (Note [kernel placement])."""
+        return self._down
+
+    @property
+    def queue_count(self) -> int:
+        """DMA queues dealt out so far."""
+        return self._queue
 
     def place(self, index: int, name: str, args: tuple[str, ...], phase: int) -> None:
         """A call of block `index`: its waits across kernels from its footprint (Note [kernel

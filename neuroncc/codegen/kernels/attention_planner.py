@@ -282,7 +282,7 @@ def query_blocks(ap: AttentionPlan) -> list[Block]:
     ]
 
 
-def with_key_facts(g: Graph, ap: AttentionPlan) -> AttentionPlan:
+def with_key_facts(g: Graph, ap: AttentionPlan, memo: dict | None = None) -> AttentionPlan:
     """ap refined by what the row group proves (Note [dead keys]): the keys each query block
     must compute, where no full row of the group is read outside the kernel (P included);
     selects whose condition is known, taken as the branch they pick; and, where P is then
@@ -301,7 +301,7 @@ def with_key_facts(g: Graph, ap: AttentionPlan) -> AttentionPlan:
     wide_outside = any(read_outside(v) for v in wide if v != ap.p_id)
     zero_fill = read_outside(ap.p_id) and not wide_outside
     blocks = query_blocks(ap)
-    facts = dead_keys.analyse(g, ap.rows, sorted(ap.given), ap.p_id, blocks, ap.m, ap.n, P)
+    facts = dead_keys.analyse(g, ap.rows, sorted(ap.given), ap.p_id, blocks, ap.m, ap.n, P, memo)
     aliases = dict(facts.settled)
     # P through the selects it is taken as: e / s, with s one value per row?
     chain, vid = [ap.p_id], ap.p_id

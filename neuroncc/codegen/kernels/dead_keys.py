@@ -311,11 +311,48 @@ def analyse(
     m: int,
     n: int,
     tile: int,
+    memo: dict | None = None,
 ) -> KeyFacts:
     """For each query block (batch, first row, rows), how many leading keys the attention
     kernel must compute (a multiple of `tile`, at least one tile; None if every block needs
     all n), and the selects the row group need not compute. `rows` is the row group on [batch x m, n] rows, `given` the scores' ids as it reads
-    them, `p_id` P."""
+    them, `p_id` P. With a `memo` (one per graph), a row group like one analysed before (the
+    next layer's: same ops on the same constants) takes its facts, renamed."""
+    if memo is None:
+        return _analyse(g, rows, given, p_id, blocks, m, n, tile)
+    ref = {x.out.id: ("row", i) for i, x in enumerate(rows)}
+    ref |= {vid: ("given", i) for i, vid in enumerate(given)}
+
+    def canon(vid: int) -> tuple:
+        return ref.get(vid, ("value", vid))  # (a value outside: the same value, layer to layer)
+
+    key = (
+        tuple((x.op, x.attrs, x.out.type, tuple(canon(v.id) for v in x.inputs)) for x in rows),
+        canon(p_id),
+        len(given),
+        tuple(blocks),
+        m,
+        n,
+        tile,
+    )
+    facts = memo.get(key)
+    if facts is None:
+        facts = memo[key] = _rename(_analyse(g, rows, given, p_id, blocks, m, n, tile), canon)
+    back = {c: vid for vid, c in ref.items()}
+    return _rename(facts, lambda c: back.get(c, c[1]) if isinstance(c, tuple) else c)
+
+
+def _rename(facts: KeyFacts, name) -> KeyFacts:
+    """facts with every value id (or canonical name) passed through `name`."""
+    return KeyFacts(
+        facts.live,
+        {name(a): name(b) for a, b in facts.settled.items()},
+        {name(v): p for v, p in facts.true_prefix.items()},
+        {name(v): form for v, form in facts.affine.items()},
+    )
+
+
+def _analyse(g, rows, given, p_id, blocks, m, n, tile) -> KeyFacts:
     producers = g.producers()
     inside = {x.out.id for x in rows}
     memo: dict[int, np.ndarray | None] = {}

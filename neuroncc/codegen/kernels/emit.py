@@ -71,6 +71,17 @@ class EmitCtx:
         self.concat_sources: dict = {}
         # slice or DMA transpose id -> the views.View it copies (Note [copies in place])
         self.copy_sources: dict = {}
+        # What kernel_key reads of the graph (Note [kernel reuse] in reuse.py), once: buffer
+        # name -> the value it was made for, producers, graph input positions, choices.
+        self.buffer_values: dict[str, Value] = {f"in{i}": v for i, v in enumerate(graph.inputs)}
+        self.buffer_values |= {f"v{n.out.id}": n.out for n in graph.nodes}
+        self.producers = graph.producers()
+        self.input_index = {v.id: i for i, v in enumerate(graph.inputs)}
+        self.choices = dict(graph.choices)
+        self.templates: dict = {}  # kernel key -> reuse.Template
+        # What the open kernel's emission did to this context, while reuse records it.
+        self.journal: list | None = None
+        self.reuse = True  # place a proven template's block instead of emitting (tests: False)
 
     def alloc(self, v: Value) -> str:
         """v's HBM buffer: where the plan pass placed it (the arena), else after the others."""
@@ -81,7 +92,55 @@ class EmitCtx:
             raise CodegenError(f"{v} is a graph output: it has a buffer of its own, not hbm={at}")
         self.b.dram(name, v.type.shape, v.type.dtype, kind, at=at)
         self.loc[v.id] = ValueLoc(name, v.type.shape, v.type.dtype)
+        if self.journal is not None:
+            self.journal.append(("alloc", v))
         return name
+
+    def alias(self, v: Value, buffer: str) -> None:
+        """v lives in `buffer`, seen with v's shape (a reshape: row-major data does not
+        move)."""
+        self.loc[v.id] = ValueLoc(buffer, v.type.shape, v.type.dtype)
+        if self.journal is not None:
+            self.journal.append(("alias", v, buffer))
+
+    def fold_transpose(self, v: Value, buffer: str, offset: int | None) -> None:
+        """v, a transpose, is read by its matmuls from the untransposed data in `buffer`
+        (from element `offset` there, if given)."""
+        self.transposed_view[v.id] = buffer
+        if offset is not None:
+            self.view_offset[v.id] = offset
+        if self.journal is not None:
+            self.journal.append(("fold", v, buffer, offset))
+
+    def replay(self, effect: tuple, values: list[Value]) -> None:
+        """Do again what a journal entry (canonical: reuse.template_of) records, on `values`."""
+        kind, *args = effect
+        if kind == "alloc":
+            self.alloc(values[args[0][1]])
+        elif kind == "alias":
+            self.alias(values[args[0][1]], self.buffer_of(args[1], values))
+        elif kind == "fold":
+            self.fold_transpose(values[args[0][1]], self.buffer_of(args[1], values), args[2])
+        else:
+            raise CodegenError(f"unknown journal entry {kind!r}")
+
+    def buffer_of(self, canon: tuple, values: list[Value]) -> str:
+        """The buffer a canonical name (reuse._buffer) stands for among `values`."""
+        if canon[0] == "name":
+            return canon[1]
+        v = values[canon[1]]
+        i = self.input_index.get(v.id)
+        return f"in{i}" if i is not None else f"v{v.id}"
+
+    def stream_state(self) -> tuple:
+        """Where the weight stream stands (Note [weight stream]): its ring and its queue."""
+        ws = self.weight_stream
+        return () if ws is None else (ws.pool.position, ws.turn % len(ws.queues))
+
+    def set_stream_state(self, state: tuple) -> None:
+        if state:
+            self.weight_stream.pool.position, turn = state
+            self.weight_stream.turn = turn
 
     def buf(self, v: Value) -> str:
         return self.loc[v.id].buffer

@@ -47,11 +47,11 @@ class WeightStream:
 
     pool: RingPool
     queues: tuple[str, ...]
-    _next: int = 0
+    turn: int = 0
 
     def queue(self) -> str:
-        self._next += 1
-        return self.queues[self._next % len(self.queues)]
+        self.turn += 1
+        return self.queues[self.turn % len(self.queues)]
 
 
 def _group_blocks(m: int, t: Target) -> int:

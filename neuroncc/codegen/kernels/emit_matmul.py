@@ -400,10 +400,10 @@ def emit_transpose_folded(ctx: EmitCtx, n: Node, layout: str) -> None:
             "layout=fold needs a last-two-axes transpose read only by matmuls, as their left "
             "operand or (2-D, on a target with exact TensorE transposes) their right one"
         )
-    x = n.inputs[0]
+    x, offset = n.inputs[0], None
     if x.id in ctx.row_slices:  # W is rows of a larger tensor, read where they are
-        x, ctx.view_offset[n.out.id] = ctx.row_slices[x.id]
-    ctx.transposed_view[n.out.id] = ctx.buf(x)
+        x, offset = ctx.row_slices[x.id]
+    ctx.fold_transpose(n.out, ctx.buf(x), offset)
 
 
 def emit_transpose_on_pe(ctx: EmitCtx, n: Node) -> None:

@@ -118,8 +118,7 @@ def copy_pattern(
 @register(Op.RESHAPE)
 def emit_reshape(ctx: EmitCtx, n: Node) -> None:
     # Row-major data does not move: the result aliases its input's buffer.
-    src = ctx.loc[n.inputs[0].id]
-    ctx.loc[n.out.id] = type(src)(src.buffer, n.out.type.shape, n.out.type.dtype)
+    ctx.alias(n.out, ctx.loc[n.inputs[0].id].buffer)
 
 
 def transpose_layout(g: Graph, n: Node, t: Target) -> str:

@@ -188,7 +188,7 @@ class MergedHeads:
     heads: int
     seq: int
     dim: int
-    nodes: tuple[int, ...]  # the transpose and the reshape, not emitted
+    nodes: tuple[Value, ...]  # the transpose and the reshape, not emitted
 
 
 def merged_heads(g: Graph, pe_transposes: bool) -> dict[int, MergedHeads]:
@@ -216,7 +216,7 @@ def merged_heads(g: Graph, pe_transposes: bool) -> dict[int, MergedHeads]:
             continue
         if heads * dim * o.type.dtype.itemsize > MERGED_HEADS_MAX_K_BYTES:
             continue
-        found[r.out.id] = MergedHeads(o, heads, seq, dim, (t.out.id, r.out.id))
+        found[r.out.id] = MergedHeads(o, heads, seq, dim, (t.out, r.out))
     return found
 
 

@@ -1,0 +1,245 @@
+"""Kernels built once: a kernel identical to one built before is placed by a call of its
+block, without running its emitter again (Note [kernel reuse]).
+
+Note [kernel reuse]: before a kernel is emitted, `kernel_key` describes everything its emitter
+can see: its nodes (ops, attributes, types, the passes' choices), and every value they read or
+make with what the emission context and the graph say of it (its producer, its readers, the
+views read in place, the buffers it lives in, the HBM bytes it shares with the others), each
+value numbered in the order the description meets it, so the 7th layer's kernel and the 8th's
+describe alike. The first kernel of a key is emitted and remembered as a template: its block,
+its parameters and what its emission did to the context (buffers allocated, aliases, folded
+transposes), all in that numbering. The second is emitted too and must come out the same:
+that proves the key covers what the emitter read, for this kernel; a difference is an internal
+error naming the kernel. From the third on, the template is replayed: the effects on the new
+values, then a call of the block with the new buffers (Note [blocks and calls]). What the
+emitters build thus grows with the distinct kernels of a model, not with its depth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from neuroncc.ir.graph import Node, Value
+from neuroncc.runtime.stats import STATS
+
+# The emission context's tables of value facts, read by the emitters (emit.EmitCtx).
+FACTS = (
+    "transposed_view",
+    "view_offset",
+    "row_slices",
+    "col_slices",
+    "merged_heads",
+    "views",
+    "concat_sources",
+    "copy_sources",
+)
+
+
+@dataclass
+class Template:
+    """A kernel as first built, in its key's numbering of values."""
+
+    block: int
+    args: tuple  # per block parameter: its buffer, canonical
+    effects: tuple  # what the emission did to the context, canonical, in order
+    queues: int  # DMA queues it dealt out
+    stream_end: tuple  # where the weight stream stood after it (Note [weight stream])
+    proven: bool = False  # a second kernel of its key came out the same
+    broken: bool = False  # ... or did not: never replayed
+
+
+class _Numbering:
+    """Values numbered in the order a description meets them."""
+
+    def __init__(self) -> None:
+        self.index: dict[int, int] = {}
+        self.values: list[Value] = []
+        self.todo: list[Value] = []
+
+    def __call__(self, v: Value) -> int:
+        k = self.index.get(v.id)
+        if k is None:
+            k = self.index[v.id] = len(self.values)
+            self.values.append(v)
+            self.todo.append(v)
+        return k
+
+
+class Unkeyable(Exception):
+    """A kernel whose emission reaches outside what its key describes: emitted each time."""
+
+
+def kernel_key(ctx, nodes: list[Node]) -> tuple[tuple, list[Value]]:
+    """The description of a kernel (Note [kernel reuse]) and its values in its numbering."""
+    g = ctx.graph
+    num = _Numbering()
+    by_id = ctx.buffer_values
+    group = {n.out.id for n in nodes}
+    parts: list = [ctx.b.target.name, ctx.b.direction, ctx.stream_state()]
+    for n in nodes:
+        num(n.out)
+    for n in nodes:
+        parts.append((n.op.value, n.attrs, tuple(num(v) for v in n.inputs)))
+    while num.todo:
+        v = num.todo.pop(0)
+        producer = ctx.producers.get(v.id)
+        readers = ctx.users.get(v.id, [])
+        parts.append(
+            (
+                num.index[v.id],
+                v.type,
+                ctx.input_index.get(v.id, -1) >= 0,
+                v.id in ctx._output_ids,
+                None if producer is None or v.id in group else (producer.op.value, producer.attrs),
+                tuple(sorted((u.op.value, u.out.id in group) for u in readers)),
+                tuple((k, x) for k, x in ctx.choices.get(v.id, ()) if k != "hbm"),
+                tuple(_canon(getattr(ctx, f).get(v.id), num, by_id) for f in FACTS),
+                _canon(ctx.loc.get(v.id), num, by_id),
+            )
+        )
+        if len(num.values) > 64:
+            raise Unkeyable("its description reaches more than 64 values")
+    parts.append(_shared_bytes(g, num.values))
+    return tuple(parts), num.values
+
+
+def _shared_bytes(g, values: list[Value]) -> tuple:
+    """Pairs of the kernel's values the plan pass placed on shared HBM bytes, with their
+    offset from each other: the block's waits inside depend on it."""
+    placed = [(k, g.choice(v.id, "hbm"), v.type.nbytes) for k, v in enumerate(values)]
+    placed = [(k, at, n) for k, at, n in placed if at is not None]
+    return tuple(
+        (a, b, at_b - at_a)
+        for i, (a, at_a, n_a) in enumerate(placed)
+        for b, at_b, n_b in placed[i + 1 :]
+        if at_a < at_b + n_b and at_b < at_a + n_a
+    )
+
+
+def _canon(obj, num: _Numbering, by_id: dict[int, Value]):
+    """obj with every value, node and buffer name in it replaced by its number."""
+    if obj is None or isinstance(obj, (bool, int, float, enum.Enum)):
+        return obj
+    if isinstance(obj, str):
+        return _buffer(obj, num, by_id)
+    if isinstance(obj, Value):
+        return ("value", num(obj))
+    if isinstance(obj, Node):
+        return ("node", num(obj.out))
+    if dataclasses.is_dataclass(obj):
+        return (
+            type(obj).__name__,
+            *(_canon(getattr(obj, f.name), num, by_id) for f in dataclasses.fields(obj)),
+        )
+    if isinstance(obj, (tuple, list)):
+        return tuple(_canon(x, num, by_id) for x in obj)
+    if isinstance(obj, (set, frozenset)):
+        return ("set", tuple(sorted(map(repr, (_canon(x, num, by_id) for x in obj)))))
+    if isinstance(obj, dict):
+        return (
+            "dict",
+            tuple(
+                sorted((repr(_canon(k, num, by_id)), _canon(x, num, by_id)) for k, x in obj.items())
+            ),
+        )
+    raise Unkeyable(f"it reads a {type(obj).__name__}")
+
+
+def _buffer(name: str, num: _Numbering, by_id: dict[int, Value]):
+    """A buffer name as the number of the value whose buffer it is."""
+    v = by_id.get(name)
+    if v is None:
+        return ("name", name)  # not a value's (a constant pool, say): the same in every kernel
+    return ("buffer", num(v))
+
+
+def template_of(ctx, values: list[Value], journal: list, block: int, args, queues, stream_end):
+    index = {v.id: k for k, v in enumerate(values)}
+    num = _Fixed(index)
+    return Template(
+        block,
+        tuple(_canon(a, num, ctx.buffer_values) for a in args),
+        tuple((e[0], *_canon(e[1:], num, ctx.buffer_values)) for e in journal),
+        queues,
+        stream_end,
+    )
+
+
+class _Fixed(_Numbering):
+    """A numbering that cannot grow: what an emission touched must be in its key."""
+
+    def __init__(self, index: dict[int, int]) -> None:
+        super().__init__()
+        self.index = index
+
+    def __call__(self, v: Value) -> int:
+        k = self.index.get(v.id)
+        if k is None:
+            raise Unkeyable(f"its emission touched {v}, which its key does not describe")
+        return k
+
+
+def emit_once(ctx, name: str, nodes: list[Node], emit: Callable[[], None]) -> None:
+    """Emit a kernel, or place the block of the identical kernel built before."""
+    try:
+        key, values = kernel_key(ctx, nodes)
+    except Unkeyable:
+        key, values = None, []
+    known = ctx.templates.get(key) if key is not None else None
+    if known is not None and known.proven and ctx.reuse:
+        _replay(ctx, name, known, values)
+        STATS.add("kernels_reused")
+        return
+    made = _emit_recorded(ctx, name, emit, values)
+    STATS.add("kernels_emitted")
+    if key is None or made is None:
+        return
+    if known is None:
+        ctx.templates[key] = made
+    elif known.broken:
+        return
+    elif _same(known, made):
+        known.proven = True
+    else:  # the key misses something the emitter read: never replay it
+        known.proven, known.broken = False, True
+        STATS.add("kernel_key_mismatches")
+
+
+def _same(a: Template, b: Template) -> bool:
+    return (a.block, a.args, a.effects, a.queues, a.stream_end) == (
+        b.block,
+        b.args,
+        b.effects,
+        b.queues,
+        b.stream_end,
+    )
+
+
+def _emit_recorded(ctx, name, emit, values) -> Template | None:
+    b = ctx.b
+    ctx.journal, queue0, calls0 = [], b.queue_count, len(b.calls)
+    try:
+        with b.kernel(name):
+            emit()
+    finally:
+        journal, ctx.journal = ctx.journal, None
+    if len(b.calls) != calls0 + 1:
+        return None
+    call = b.calls[-1]
+    try:
+        return template_of(
+            ctx, values, journal, call.block, call.args, b.queue_count - queue0, ctx.stream_state()
+        )
+    except Unkeyable:
+        return None
+
+
+def _replay(ctx, name: str, t: Template, values: list[Value]) -> None:
+    for effect in t.effects:
+        ctx.replay(effect, values)
+    args = tuple(ctx.buffer_of(a, values) for a in t.args)
+    ctx.b.replay_kernel(name, t.block, args, t.queues)
+    ctx.set_stream_state(t.stream_end)

@@ -1,0 +1,68 @@
+"""Kernel reuse (Note [kernel reuse]): a kernel identical to two before it is placed from its
+template, and the executable is the one emitting every kernel gives, bit for bit."""
+
+import pytest
+import torch
+from torch import nn
+
+import neuroncc
+from neuroncc.codegen import lower
+from neuroncc.codegen.kernels import reuse
+from neuroncc.frontend import compile as compile_module
+
+
+class _Block(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.norm, self.up, self.down = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+def _stack(layers: int, d: int = 64) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*(_Block(d) for _ in range(layers)))
+
+
+@pytest.fixture
+def both_ways(monkeypatch):
+    """Every graph emitted with reuse and without: the executables must be equal."""
+    compared = []
+
+    def emit_graph(g, target, reuse=True):
+        placed, emitted = lower.emit_graph(g, target), lower.emit_graph(g, target, reuse=False)
+        assert placed == emitted, f"{g.name}: reuse changed the executable"
+        compared.append(g.name)
+        return placed
+
+    monkeypatch.setattr(compile_module, "emit_graph", emit_graph)
+    return compared
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
+def test_reused_kernels_give_the_executable_emitting_gives(fresh, both_ways, train):
+    model = _stack(6)
+    x = torch.randn(2, 16, 64, requires_grad=train)
+    compiled = torch.compile(model, backend="neuron", options={"disk_cache": False})
+    with torch.set_grad_enabled(train):
+        got, want = compiled(x), model(x)
+        if train:
+            got.sum().backward()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    s = neuroncc.stats()
+    assert both_ways and s["kernels_reused"] > 0 and s["kernel_key_mismatches"] == 0, s
+
+
+def test_a_key_that_misses_something_is_caught_and_never_replayed(fresh, both_ways, monkeypatch):
+    """Every kernel given the same key: the second comes out other than the first, so the key
+    is marked broken and nothing is placed from it; the executable is still right."""
+    real = reuse.kernel_key
+    monkeypatch.setattr(reuse, "kernel_key", lambda ctx, nodes: ("one key", real(ctx, nodes)[1]))
+    model = _stack(3)
+    x = torch.randn(2, 16, 64)
+    compiled = torch.compile(model, backend="neuron", options={"disk_cache": False})
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    s = neuroncc.stats()
+    assert s["kernel_key_mismatches"] > 0 and s["kernels_reused"] == 0, s
