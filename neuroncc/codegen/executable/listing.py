@@ -45,9 +45,10 @@ def listing(exe: Executable) -> str:
             "name": k.name,
             "start": k.start,
             "stop": k.stop,
+            "block": call.block,
             "instructions": [(i, exe.instructions[i]) for i in range(k.start, k.stop)],
         }
-        for k in exe.kernels
+        for k, call in zip(exe.kernels, exe.calls, strict=True)
         if k.stop > k.start
     ]
     return _template().render(exe=exe, kernels=kernels, describe=describe)

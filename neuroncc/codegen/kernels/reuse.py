@@ -8,11 +8,13 @@ views read in place, the buffers it lives in, the HBM bytes it shares with the o
 value numbered in the order the description meets it, so the 7th layer's kernel and the 8th's
 describe alike. The first kernel of a key is emitted and remembered as a template: its block,
 its parameters and what its emission did to the context (buffers allocated, aliases, folded
-transposes), all in that numbering. The second is emitted too and must come out the same:
-that proves the key covers what the emitter read, for this kernel; a difference is an internal
-error naming the kernel. From the third on, the template is replayed: the effects on the new
-values, then a call of the block with the new buffers (Note [blocks and calls]). What the
-emitters build thus grows with the distinct kernels of a model, not with its depth.
+transposes), all in that numbering. The second is emitted too and must come out the same
+(built from the other end of SBUF, the same up to its tiles' offsets): that proves the key
+covers what the emitter read; a difference marks the key broken, never replayed, and counts
+in stats()["kernel_key_mismatches"]. From then on a kernel of the key built from an end that
+has a template is replayed: the effects on the new values, then a call of the block with the
+new buffers (Note [blocks and calls]). What the emitters build thus grows with the distinct
+kernels of a model, not with its depth: a model whose layers alternate SBUF ends emits two.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from neuroncc.codegen.hardware.isa import TileRef
 from neuroncc.ir.graph import Node, Value
 from neuroncc.runtime.stats import STATS
 
@@ -47,7 +50,15 @@ class Template:
     effects: tuple  # what the emission did to the context, canonical, in order
     queues: int  # DMA queues it dealt out
     stream_end: tuple  # where the weight stream stood after it (Note [weight stream])
-    proven: bool = False  # a second kernel of its key came out the same
+
+
+@dataclass
+class Known:
+    """What the kernels of one key came out as: a template per end of SBUF they were built
+    from (Note [kernel placement]), and whether the key is proven or broken."""
+
+    templates: dict[bool, Template]
+    proven: bool = False  # a second kernel of the key came out as the first
     broken: bool = False  # ... or did not: never replayed
 
 
@@ -78,7 +89,7 @@ def kernel_key(ctx, nodes: list[Node]) -> tuple[tuple, list[Value]]:
     num = _Numbering()
     by_id = ctx.buffer_values
     group = {n.out.id for n in nodes}
-    parts: list = [ctx.b.target.name, ctx.b.direction, ctx.stream_state()]
+    parts: list = [ctx.b.target.name, ctx.stream_state()]
     for n in nodes:
         num(n.out)
     for n in nodes:
@@ -183,14 +194,21 @@ class _Fixed(_Numbering):
 
 
 def emit_once(ctx, name: str, nodes: list[Node], emit: Callable[[], None]) -> None:
-    """Emit a kernel, or place the block of the identical kernel built before."""
+    """Emit a kernel, or place the block of the identical kernel built before.
+
+    The key leaves out the end of SBUF the kernel allocates from, which alternates kernel to
+    kernel (Note [kernel placement]): the two ends give two blocks that differ only in their
+    tiles' offsets. A second kernel of the key proves it whichever end it is built from: as
+    the template of its end if it has one, else up to the tiles' offsets. So a model whose
+    layers alternate ends emits two layers, not four."""
     try:
         key, values = kernel_key(ctx, nodes)
     except Unkeyable:
         key, values = None, []
     known = ctx.templates.get(key) if key is not None else None
-    if known is not None and known.proven and ctx.reuse:
-        _replay(ctx, name, known, values)
+    end = ctx.b.direction
+    if known is not None and known.proven and end in known.templates and ctx.reuse:
+        _replay(ctx, name, known.templates[end], values)
         STATS.add("kernels_reused")
         return
     made = _emit_recorded(ctx, name, emit, values)
@@ -198,24 +216,51 @@ def emit_once(ctx, name: str, nodes: list[Node], emit: Callable[[], None]) -> No
     if key is None or made is None:
         return
     if known is None:
-        ctx.templates[key] = made
-    elif known.broken:
+        ctx.templates[key] = Known({end: made})
         return
-    elif _same(known, made):
+    if known.broken:
+        return
+    first = known.templates.get(end)
+    if first is not None:
+        agrees = _same(first, made)
+    else:
+        first = next(iter(known.templates.values()))
+        agrees = _same(first, made, ctx.b.blocks)
+    if agrees:
         known.proven = True
+        known.templates.setdefault(end, made)
     else:  # the key misses something the emitter read: never replay it
         known.proven, known.broken = False, True
         STATS.add("kernel_key_mismatches")
 
 
-def _same(a: Template, b: Template) -> bool:
-    return (a.block, a.args, a.effects, a.queues, a.stream_end) == (
-        b.block,
-        b.args,
-        b.effects,
-        b.queues,
-        b.stream_end,
-    )
+def _same(a: Template, b: Template, blocks: list | None = None) -> bool:
+    """a and b alike: the same block, or (given the blocks) blocks alike but for the offsets
+    of their tiles."""
+    if (a.args, a.effects, a.queues, a.stream_end) != (b.args, b.effects, b.queues, b.stream_end):
+        return False
+    if blocks is None:
+        return a.block == b.block
+    return _unplaced(blocks[a.block]) == _unplaced(blocks[b.block])
+
+
+def _unplaced(block) -> tuple:
+    """A block's instructions with every tile at offset 0."""
+    out = []
+    for ins in block.instructions:
+        fields = ins.operands()
+        out.append(
+            (
+                ins.opcode,
+                ins.engine,
+                ins.deps,
+                tuple(
+                    dataclasses.replace(v, offset=0) if isinstance(v, TileRef) else v
+                    for v in fields.values()
+                ),
+            )
+        )
+    return tuple(out)
 
 
 def _emit_recorded(ctx, name, emit, values) -> Template | None:
