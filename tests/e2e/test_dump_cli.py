@@ -13,6 +13,7 @@ import pytest
 
 from neuroncc.ir import parse
 from neuroncc.ir.jsonform import graph_from_json
+from neuroncc.runtime.disk_cache import CACHE_FORMAT
 
 DUMP = str(Path(sys.executable).with_name("neuroncc-dump"))
 
@@ -127,9 +128,9 @@ def test_cache_commands(dumped):
 
 def test_cache_verify_and_clear_a_damaged_cache(tmp_path):
     cache = tmp_path / "cache"
-    entry = cache / "v1" / "ab" / ("ab" * 32 + ".json")
+    entry = cache / f"v{CACHE_FORMAT}" / "ab" / ("ab" * 32 + ".json")
     entry.parent.mkdir(parents=True)
-    entry.write_bytes(b'{"format": 1}\ntruncated')
+    entry.write_bytes(b'{"format": %d}\ntruncated' % CACHE_FORMAT)
     verify = _cli("cache", "verify", "--cache-dir", cache, check=False)
     assert verify.returncode == 1 and "DAMAGED" in verify.stdout
     assert "removed 1 entries" in _cli("cache", "clear", "--cache-dir", cache).stdout
