@@ -109,12 +109,44 @@ def kernel_key(ctx, nodes: list[Node]) -> tuple[tuple, list[Value]]:
                 tuple((k, x) for k, x in ctx.choices.get(v.id, ()) if k != "hbm"),
                 tuple(_canon(getattr(ctx, f).get(v.id), num, by_id) for f in FACTS),
                 _canon(ctx.loc.get(v.id), num, by_id),
+                None if v.id in group else _constant_form(ctx, v),
             )
         )
-        if len(num.values) > 64:
-            raise Unkeyable("its description reaches more than 64 values")
+        if len(num.values) > MAX_VALUES:
+            raise Unkeyable(f"its description reaches more than {MAX_VALUES} values")
     parts.append(_shared_bytes(g, num.values))
     return tuple(parts), num.values
+
+
+MAX_VALUES = 256  # a key meeting more values is not worth its cost: the kernel is emitted
+
+
+def _constant_form(ctx, v: Value):
+    """The whole computation of a value made from no graph input (a mask, a position table),
+    as ops, attributes and types; None for any other value. Planners read constants through
+    (the dead keys of an attention kernel: Note [dead keys]), so two kernels reading different
+    masks (a sliding window's and a causal one) must not share a key."""
+    memo = ctx.constant_forms
+    stack = [v]  # post-order without recursion: producer chains run the model's whole depth
+    while stack:
+        x = stack[-1]
+        if x.id in memo:
+            stack.pop()
+            continue
+        producer = ctx.producers.get(x.id)
+        if producer is None:  # a graph input
+            memo[x.id] = None
+            stack.pop()
+            continue
+        todo = [i for i in producer.inputs if i.id not in memo]
+        if todo:
+            stack.extend(todo)
+            continue
+        inputs = tuple(memo[i.id] for i in producer.inputs)
+        const = all(f is not None for f in inputs)
+        memo[x.id] = (producer.op.value, producer.attrs, x.type, inputs) if const else None
+        stack.pop()
+    return memo[v.id]
 
 
 def _shared_bytes(g, values: list[Value]) -> tuple:
@@ -130,7 +162,7 @@ def _shared_bytes(g, values: list[Value]) -> tuple:
     )
 
 
-def _canon(obj, num: _Numbering, by_id: dict[int, Value]):
+def _canon(obj, num: _Numbering, by_id: dict[str, Value]):
     """obj with every value, node and buffer name in it replaced by its number."""
     if obj is None or isinstance(obj, (bool, int, float, enum.Enum)):
         return obj
@@ -159,7 +191,7 @@ def _canon(obj, num: _Numbering, by_id: dict[int, Value]):
     raise Unkeyable(f"it reads a {type(obj).__name__}")
 
 
-def _buffer(name: str, num: _Numbering, by_id: dict[int, Value]):
+def _buffer(name: str, num: _Numbering, by_id: dict[str, Value]):
     """A buffer name as the number of the value whose buffer it is."""
     v = by_id.get(name)
     if v is None:

@@ -66,3 +66,33 @@ def test_a_key_that_misses_something_is_caught_and_never_replayed(fresh, both_wa
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
     s = neuroncc.stats()
     assert s["kernel_key_mismatches"] > 0 and s["kernels_reused"] == 0, s
+
+
+class _MaskedAttention(nn.Module):
+    """Attention whose causal mask is shifted by `shift` keys: layers with other shifts have
+    kernels alike but for a constant (Note [dead keys] reads it)."""
+
+    def __init__(self, d: int, shift: int) -> None:
+        super().__init__()
+        self.qkv, self.o, self.shift = nn.Linear(d, 3 * d), nn.Linear(d, d), shift
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, 2, d // 2).permute(2, 0, 3, 1, 4)
+        i = torch.arange(s)
+        mask = i[None, :] <= i[:, None] + self.shift
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return x + self.o(y.transpose(1, 2).reshape(b, s, d))
+
+
+def test_layers_that_differ_in_a_constant_do_not_share_a_template(fresh, both_ways):
+    """Two layers with one mask prove a key; the third, with another, must not be placed from
+    it (the key holds the computation of every constant a kernel reads)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*(_MaskedAttention(64, 130 if i % 3 == 2 else 0) for i in range(6)))
+    x = torch.randn(1, 256, 64)
+    compiled = torch.compile(model.eval(), backend="neuron", options={"disk_cache": False})
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    s = neuroncc.stats()
+    assert s["kernels_reused"] > 0 and s["kernel_key_mismatches"] == 0, s
