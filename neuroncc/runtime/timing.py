@@ -32,6 +32,7 @@ import bisect
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 
+from neuroncc.codegen.executable.blocks import turn_queue
 from neuroncc.codegen.executable.program import Executable
 from neuroncc.codegen.hardware import costs, isa
 from neuroncc.codegen.hardware.targets import Target
@@ -350,6 +351,62 @@ def check_physics(what: str, ns: float, hbm: int, roofline: float, t: Target) ->
         )
 
 
+@dataclass
+class _BlockCost:
+    """What a block's instructions cost whatever their schedule: counted once per block,
+    added up per call (Note [blocks and calls])."""
+
+    shares: list[float]  # per instruction: busy_share
+    engines: Counter  # instructions per engine, as the block names them
+    flops: int
+    hw_flops: int
+    peak_ns: float  # hw_flops at the peak of each matmul's dtype
+    read: int
+    write: int
+    dma_payload: int
+    sbuf: tuple[int, int]  # bytes read, written
+    psum: tuple[int, int]
+    param_bytes: dict[int, int]  # per HBM parameter: the bytes its accesses move
+
+
+def _block_cost(block, t: Target) -> _BlockCost:
+    engines: Counter[str] = Counter()
+    flops = hw_flops = read = write = payload = 0
+    sbuf_r = sbuf_w = psum_r = psum_w = 0
+    peak_ns = 0.0
+    param_bytes: Counter[int] = Counter()
+    for ins in block.instructions:
+        engines[ins.engine] += 1
+        if isinstance(ins, isa.Matmul):
+            flops += costs.matmul_flops(ins)
+            hw_flops += costs.matmul_hw_flops(ins, t)
+            peak_ns += costs.matmul_hw_flops(ins, t) / t.peak_flops_per_ns(ins.moving.dtype)
+        r, w = hbm_bytes(ins)
+        read, write = read + r, write + w
+        if _is_dma(ins):
+            payload += costs.dma_work(ins, t).payload
+        for ref in (*ins.reads(), *ins.writes()):
+            if isinstance(ref, isa.DramRef):
+                param_bytes[int(ref.buffer[1:])] += ref.nbytes
+        sbuf_r += _tile_bytes(ins.reads(), "sbuf")
+        sbuf_w += _tile_bytes(ins.writes(), "sbuf")
+        psum_r += _tile_bytes(ins.reads(), "psum")
+        psum_w += _tile_bytes(ins.writes(), "psum")
+    return _BlockCost(
+        [busy_share(ins, t) for ins in block.instructions],
+        engines,
+        flops,
+        hw_flops,
+        peak_ns,
+        read,
+        write,
+        payload,
+        (sbuf_r, sbuf_w),
+        (psum_r, psum_w),
+        dict(param_bytes),
+    )
+
+
 def time_executable(exe: Executable, t: Target) -> Profile:
     sched, state = schedule(exe, t)
     busy: dict[str, float] = defaultdict(float)
@@ -358,24 +415,20 @@ def time_executable(exe: Executable, t: Target) -> Profile:
     flops = hw_flops = read = write = spill = dma_payload = 0
     sbuf_r = sbuf_w = psum_r = psum_w = 0
     peak_ns = 0.0
-    for i, ins in enumerate(exe.instructions):
-        busy[ins.engine] += (sched.end[i] - sched.start[i]) * busy_share(ins, t)
-        counts[ins.engine] += 1
-        if isinstance(ins, isa.Matmul):
-            flops += costs.matmul_flops(ins)
-            hw_flops += costs.matmul_hw_flops(ins, t)
-            peak_ns += costs.matmul_hw_flops(ins, t) / t.peak_flops_per_ns(ins.moving.dtype)
-        r, w = hbm_bytes(ins)
-        read, write = read + r, write + w
-        if _is_dma(ins):
-            dma_payload += costs.dma_work(ins, t).payload
-        for ref in (*ins.reads(), *ins.writes()):
-            if isinstance(ref, isa.DramRef) and kinds.get(ref.buffer) == "temp":
-                spill += ref.nbytes
-        sbuf_r += _tile_bytes(ins.reads(), "sbuf")
-        sbuf_w += _tile_bytes(ins.writes(), "sbuf")
-        psum_r += _tile_bytes(ins.reads(), "psum")
-        psum_w += _tile_bytes(ins.writes(), "psum")
+    block_costs = [_block_cost(b, t) for b in exe.blocks]
+    i = 0
+    for call in exe.calls:
+        c = block_costs[call.block]
+        for share in c.shares:
+            busy[sched.track[i]] += (sched.end[i] - sched.start[i]) * share
+            i += 1
+        for engine, n in c.engines.items():
+            counts[turn_queue(engine, call.phase, exe.shared_queues)] += n
+        flops, hw_flops, peak_ns = flops + c.flops, hw_flops + c.hw_flops, peak_ns + c.peak_ns
+        read, write, dma_payload = read + c.read, write + c.write, dma_payload + c.dma_payload
+        sbuf_r, sbuf_w = sbuf_r + c.sbuf[0], sbuf_w + c.sbuf[1]
+        psum_r, psum_w = psum_r + c.psum[0], psum_w + c.psum[1]
+        spill += sum(n for p, n in c.param_bytes.items() if kinds.get(call.args[p]) == "temp")
     total = max(sched.end, default=0.0)
     # Utilisation against the peak of the dtypes actually multiplied (fp32 runs at 1/4).
     dtype_peak = hw_flops / peak_ns if peak_ns else t.peak_flops_per_ns(DType.BF16)
