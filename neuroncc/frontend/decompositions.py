@@ -185,11 +185,17 @@ def _avg_pool2d_backward(
     return grad_xp[tuple(crop)]
 
 
-def _adaptive_matrix(out_size: int, in_size: int, like):
-    """P[o, i] = 1/len(window o) where i lies in adaptive pooling's window o, else 0."""
-    o = torch.arange(out_size, device=like.device)
+def _adaptive_bounds(out_size: int, in_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """[out] first and one-past-last input index of each of adaptive pooling's windows."""
+    o = torch.arange(out_size, device=device)
     starts = torch.div(o * in_size, out_size, rounding_mode="floor")
     ends = torch.div((o + 1) * in_size + out_size - 1, out_size, rounding_mode="floor")
+    return starts, ends
+
+
+def _adaptive_matrix(out_size: int, in_size: int, like):
+    """P[o, i] = 1/len(window o) where i lies in adaptive pooling's window o, else 0."""
+    starts, ends = _adaptive_bounds(out_size, in_size, like.device)
     i = torch.arange(in_size, device=like.device)
     inside = (i[None, :] >= starts[:, None]) & (i[None, :] < ends[:, None])
     return inside.to(like.dtype) / (ends - starts)[:, None].to(like.dtype)
@@ -198,9 +204,7 @@ def _adaptive_matrix(out_size: int, in_size: int, like):
 def _adaptive_windows(out_size: int, in_size: int, device) -> torch.Tensor:
     """[out, K] input indices of adaptive pooling's windows, K the longest window; shorter
     windows repeat their last index (which changes neither a max nor its argmax)."""
-    o = torch.arange(out_size, device=device)
-    starts = torch.div(o * in_size, out_size, rounding_mode="floor")
-    ends = torch.div((o + 1) * in_size + out_size - 1, out_size, rounding_mode="floor")
+    starts, ends = _adaptive_bounds(out_size, in_size, device)
     longest = max(
         -(-(i + 1) * in_size // out_size) - i * in_size // out_size for i in range(out_size)
     )

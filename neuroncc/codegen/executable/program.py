@@ -19,6 +19,7 @@ from typing import Any
 
 from neuroncc.codegen.executable.blocks import Block, Call, expand, parametrise
 from neuroncc.codegen.hardware import isa
+from neuroncc.codegen.hardware.targets import get_target
 from neuroncc.ir.types import DType
 
 FORMAT_VERSION = 6  # 2: Matmul.transpose; 3: interned operands, positional rows;
@@ -117,8 +118,10 @@ class Executable:
             block, args = parametrise(k.name, local)
             calls.append(Call(k.name, len(blocks), args, 0, tuple(sorted(waits.items()))))
             blocks.append(block)
+        # Every call at phase 0: the stream's queues stay as written, none set aside.
+        queues = get_target(target).dma_queues
         return Executable(
-            name, target, hbm_bytes, buffers, inputs, outputs, tuple(blocks), tuple(calls), 16
+            name, target, hbm_bytes, buffers, inputs, outputs, tuple(blocks), tuple(calls), queues
         )
 
     def buffer(self, name: str) -> Buffer:
