@@ -1,17 +1,8 @@
-"""The timing model: when each instruction starts and ends, and what the execution costs.
+"""The timing model: what an execution of an executable costs, from its schedule.
 
-- Compute engines (pe, act, dve, pool) execute their streams in order. An instruction starts when
-  its engine is free and every instruction it waits on (`deps`) has finished; its duration comes
-  from codegen/hardware/costs.py, plus a pipeline drain when it reads what the previous instruction
-  on its engine wrote. TensorE runs throttled after an idle spell on targets that throttle
-  (targets.py). Its row-tiled matmuls (`Matmul.tile_rows`) occupy only their rows of the array: one
-  on another row tile starts beside it, though still not before the instruction ahead of it in the
-  stream has started.
-- A DMA is issued on a queue (q0..q15); each queue runs in order. Its descriptors fan out over
-  the DMA engines, which all queues share: on each engine its share goes into the earliest idle
-  gap, so an independent transfer on another queue is never stuck behind a waiting one. The
-  DMA ends when its last share does, and not before HBM has moved its bytes (Note [hbm is
-  shared]).
+When each instruction starts and ends is the scheduler's (runtime/scheduler.py: engines, DMA
+queues and engines, TensorE's lanes and throttle; Note [timing by call]); this module adds the
+profile up, checks it against physics, and draws it (kernels, trace events).
 
 Note [hbm is shared]: HBM is one resource of the core, shared by every DMA in flight. A DMA
 reserves HBM for its HBM bytes (read and written: an HBM->HBM copy counts both) at the core's
@@ -28,7 +19,7 @@ so an executable's profile is computed once and reused for every execution.
 
 from __future__ import annotations
 
-import bisect
+import dataclasses
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 
@@ -38,6 +29,17 @@ from neuroncc.codegen.hardware import costs, isa
 from neuroncc.codegen.hardware.targets import Target
 from neuroncc.errors import NeuronccInternalError
 from neuroncc.ir.types import DType
+from neuroncc.runtime.scheduler import (  # noqa: F401  (_Timeline, _Scheduler: the tests')
+    LANE_ROWS,
+    Schedule,
+    _Scheduler,
+    _Timeline,
+    busy_share,
+    hbm_bytes,
+    hbm_refs,
+    is_dma,
+    schedule,
+)
 
 
 @dataclass(frozen=True)
@@ -87,188 +89,6 @@ class Profile:
         return {**asdict(self), "hbm_bytes": self.hbm_bytes}
 
 
-@dataclass(frozen=True)
-class Schedule:
-    """Per instruction: start and end in ns, and the track it ran on (engine or DMA queue)."""
-
-    start: list[float]
-    end: list[float]
-    track: list[str]
-
-
-class _Timeline:
-    """Busy intervals of one resource (a DMA engine, HBM), kept sorted and merged; `place`
-    finds the earliest idle gap at or after a time that fits a duration."""
-
-    def __init__(self) -> None:
-        self.starts: list[float] = []
-        self.ends: list[float] = []
-
-    def place(self, t0: float, dur: float) -> float:
-        starts, ends = self.starts, self.ends
-        i = bisect.bisect_right(ends, t0)
-        t = t0
-        while i < len(starts) and starts[i] < t + dur:
-            t = max(t, ends[i])
-            i += 1
-        end = t + dur
-        if i > 0 and ends[i - 1] >= t:  # touches the interval before: extend it
-            ends[i - 1] = end
-            i -= 1
-        else:
-            starts.insert(i, t)
-            ends.insert(i, end)
-        if i + 1 < len(starts) and starts[i + 1] <= end:  # touches the next one: merge
-            ends[i] = max(end, ends[i + 1])
-            del starts[i + 1], ends[i + 1]
-        return t
-
-
-class _Scheduler:
-    def __init__(self, t: Target) -> None:
-        self.t = t
-        self.free_at: dict[str, float] = defaultdict(float)
-        self.pe_lane_free = [0.0] * (t.pe_rows // LANE_ROWS)
-        self.pe_issued = 0.0
-        self.dma_engines = [_Timeline() for _ in range(t.dma_engines)]
-        self.hbm = _Timeline()  # Note [hbm is shared]
-        self.next_engine = 0
-        self.pe_warm_ns = 0.0
-        self.throttled_ns = 0.0
-        self.dma_engine_ns = 0.0
-        self.last_writes: dict[str, tuple] = {}
-
-    def compute(self, ins: isa.Instr, ready: float) -> tuple[float, float]:
-        dur = costs.instr_ns(ins, self.t)
-        if ins.engine != "pe" and _reads_any(ins, self.last_writes.get(ins.engine, ())):
-            dur += self.t.dependent_drain_cycles / costs.engine_ghz(ins.engine, self.t)
-        self.last_writes[ins.engine] = ins.writes()
-        if ins.engine == "pe":
-            return self._tensor(ins, ready, dur)
-        start = max(self.free_at[ins.engine], ready)
-        self.free_at[ins.engine] = start + dur
-        return start, start + dur
-
-    def _tensor(self, ins: isa.Instr, ready: float, dur: float) -> tuple[float, float]:
-        """TensorE: in order of issue, each instruction on its lanes of the array."""
-        lanes = pe_lanes(ins, self.t)
-        start = max(ready, self.pe_issued, *(self.pe_lane_free[k] for k in lanes))
-        dur = self._throttle(start, dur, busy_share(ins, self.t))
-        for k in lanes:
-            self.pe_lane_free[k] = start + dur
-        self.pe_issued = start
-        self.free_at["pe"] = max(self.free_at["pe"], start + dur)
-        return start, start + dur
-
-    def _throttle(self, start: float, dur: float, share: float) -> float:
-        """TensorE warm-up: rate ramps from pe_throttle_start to 1 over the ramp's busy time
-        (a row tile's time counts at its share of the array); an idle gap of half the window
-        (utilisation below 50%) brings the limit back."""
-        t = self.t
-        if t.pe_throttle_start >= 1.0:
-            return dur
-        if start - self.free_at["pe"] > t.pe_throttle_ramp_ns / 2:
-            self.pe_warm_ns = 0.0
-        warm = min(1.0, self.pe_warm_ns / t.pe_throttle_ramp_ns)
-        rate = t.pe_throttle_start + (1.0 - t.pe_throttle_start) * warm
-        slowed = dur / rate
-        self.pe_warm_ns += slowed * share
-        self.throttled_ns += (slowed - dur) * share
-        return slowed
-
-    def dma(self, ins: isa.Instr, ready: float) -> tuple[float, float]:
-        work = costs.dma_work(ins, self.t)
-        t0 = max(self.free_at[ins.engine], ready)
-        engines = min(len(self.dma_engines), work.descriptors)
-        if engines == 0:
-            return t0, t0
-        base, extra = divmod(work.descriptors, engines)
-        start, end = float("inf"), t0
-        for k in range(engines):
-            timeline = self.dma_engines[(self.next_engine + k) % len(self.dma_engines)]
-            dur = work.engine_ns(base + (k < extra), self.t)
-            s = timeline.place(t0, dur)
-            start, end = min(start, s), max(end, s + dur)
-            self.dma_engine_ns += dur
-        self.next_engine = (self.next_engine + engines) % len(self.dma_engines)
-        hbm_ns = sum(hbm_bytes(ins)) / self.t.hbm_gbps
-        if hbm_ns > 0:
-            end = max(end, self.hbm.place(start, hbm_ns) + hbm_ns)
-        self.free_at[ins.engine] = end
-        return start, end
-
-
-LANE_ROWS = 32  # the smallest row tile (NC-v3 on): TensorE's rows as the timing tracks them
-
-
-def pe_lanes(ins: isa.Instr, t: Target) -> range:
-    """The 32-row lanes of the array a TensorE instruction occupies: its row tile's, else all."""
-    if not isinstance(ins, isa.Matmul) or not ins.tile_rows:
-        return range(t.pe_rows // LANE_ROWS)
-    first = ins.stationary.p0 // LANE_ROWS
-    return range(first, first + ins.tile_rows // LANE_ROWS)
-
-
-def busy_share(ins: isa.Instr, t: Target) -> float:
-    """The part of its engine an instruction keeps busy: a row-tiled matmul its rows' share of
-    the array (so TensorE's busy time never exceeds the time it ran), anything else all."""
-    return len(pe_lanes(ins, t)) * LANE_ROWS / t.pe_rows if ins.engine == "pe" else 1.0
-
-
-def _reads_any(ins: isa.Instr, written: tuple) -> bool:
-    """Does ins read on-chip memory that one of `written` (tiles) covers?"""
-    for r in ins.reads():
-        if not isinstance(r, isa.TileRef):
-            continue
-        for w in written:
-            if (
-                isinstance(w, isa.TileRef)
-                and w.mem == r.mem
-                and r.p0 < w.p0 + w.np
-                and w.p0 < r.p0 + r.np
-                and r.offset < w.offset + w.free_bytes
-                and w.offset < r.offset + r.free_bytes
-            ):
-                return True
-    return False
-
-
-def _is_dma(ins: isa.Instr) -> bool:
-    return isinstance(ins, (isa.Dma, isa.DmaGather, isa.DmaScatter))
-
-
-def schedule(exe: Executable, t: Target) -> tuple[Schedule, _Scheduler]:
-    n = len(exe.instructions)
-    start, end = [0.0] * n, [0.0] * n
-    sched = _Scheduler(t)
-    for i, ins in enumerate(exe.instructions):
-        ready = max((end[d] + t.semaphore_ns for d in ins.deps), default=0.0)
-        place = sched.dma if _is_dma(ins) else sched.compute
-        start[i], end[i] = place(ins, ready)
-    return Schedule(start, end, [ins.engine for ins in exe.instructions]), sched
-
-
-def hbm_refs(ins: isa.Instr) -> list[tuple[isa.DramRef, int, bool]]:
-    """(access pattern, bytes moved, is a write) for each HBM operand of an instruction.
-    Indirect DMAs move only the rows they name, not their whole table. Only DMAs reach HBM."""
-    if not _is_dma(ins):
-        return []
-    out = [(r, r.nbytes, False) for r in ins.reads() if isinstance(r, isa.DramRef)]
-    out += [(w, w.nbytes, True) for w in ins.writes() if isinstance(w, isa.DramRef)]
-    if isinstance(ins, isa.DmaGather):
-        out = [(ins.table, ins.dst.numel * ins.dst.dtype.itemsize, False)]
-    elif isinstance(ins, isa.DmaScatter):
-        rows = ins.src.numel * ins.src.dtype.itemsize
-        out = [(ins.table, rows, True)] + ([(ins.table, rows, False)] * (ins.combine != "set"))
-    return out
-
-
-def hbm_bytes(ins: isa.Instr) -> tuple[int, int]:
-    """(bytes read, bytes written) of HBM by one instruction."""
-    refs = hbm_refs(ins)
-    return sum(n for _, n, w in refs if not w), sum(n for _, n, w in refs if w)
-
-
 def io_bytes(instructions, reads: dict[str, int], writes: dict[str, int]) -> int:
     """HBM bytes that moving these instructions' data needs at the least: per buffer of `reads`
     (name -> size) what they read of it, read once, and per buffer of `writes` what they write,
@@ -276,21 +96,49 @@ def io_bytes(instructions, reads: dict[str, int], writes: dict[str, int]) -> int
     distinct access patterns read (a tile read again is needed once) and the union of their
     spans: never more than the instructions move, so a timing that moves them is never faster
     than these bytes at the bandwidth."""
+    accesses = (
+        # an indirect DMA's rows depend on its index: never the same as another's
+        (ref.buffer, write, ref if nbytes == ref.nbytes else (ref, i), nbytes, ref)
+        for i, ins in enumerate(instructions)
+        for ref, nbytes, write in hbm_refs(ins)
+    )
+    return _io_total(accesses, reads, writes)
+
+
+def _io_total(accesses, reads: dict[str, int], writes: dict[str, int]) -> int:
+    """io_bytes of (buffer, is a write, what tells the access from others, bytes, pattern)."""
     distinct: dict[tuple[str, bool], dict] = defaultdict(dict)
-    for i, ins in enumerate(instructions):
-        if not _is_dma(ins):
-            continue
-        for ref, nbytes, write in hbm_refs(ins):
-            if ref.buffer in (writes if write else reads):
-                # an indirect DMA's rows depend on its index: never the same as another's
-                key = ref if nbytes == ref.nbytes else (ref, i)
-                distinct[ref.buffer, write][key] = (nbytes, ref)
+    for buffer, write, key, nbytes, ref in accesses:
+        if buffer in (writes if write else reads):
+            distinct[buffer, write][key] = (nbytes, ref)
     total = 0
     for (name, write), refs in distinct.items():
         size = (writes if write else reads)[name]
         spans = [_byte_span(ref) for _, ref in refs.values()]
         total += min(size, sum(n for n, _ in refs.values()), _union_length(spans))
     return total
+
+
+def _call_accesses(exe: Executable):
+    """io_bytes' accesses of exe's unrolled stream, read from its blocks and calls."""
+    per_block: dict[int, list] = {}
+    for c, call in enumerate(exe.calls):
+        refs = per_block.get(call.block)
+        if refs is None:
+            refs = per_block[call.block] = _block_accesses(exe.blocks[call.block])
+        for param, write, key, nbytes, ref, indirect in refs:
+            yield call.args[param], write, (key, c) if indirect else key, nbytes, ref
+
+
+def _block_accesses(block) -> list[tuple]:
+    out = []
+    for j, ins in enumerate(block.instructions):
+        for ref, nbytes, write in hbm_refs(ins):
+            indirect = nbytes != ref.nbytes
+            key = dataclasses.replace(ref, buffer="")  # the pattern, whichever buffer
+            param = int(ref.buffer[1:])
+            out.append((param, write, (key, j) if indirect else key, nbytes, ref, indirect))
+    return out
 
 
 def _byte_span(ref: isa.DramRef) -> tuple[int, int]:
@@ -321,8 +169,10 @@ def roofline_ns(exe: Executable, t: Target) -> float:
     slice of one only the slice)."""
     reads = {b.name: b.nbytes for b in exe.buffers if b.kind == "input"}
     writes = {b.name: b.nbytes for b in exe.buffers if b.kind == "output"}
-    io = io_bytes(exe.instructions, reads, writes)
-    return max(_compute_ns(exe.instructions, t), io / t.hbm_gbps)
+    io = _io_total(_call_accesses(exe), reads, writes)
+    calls = Counter(call.block for call in exe.calls)
+    compute = sum(n * _compute_ns(exe.blocks[b].instructions, t) for b, n in calls.items())
+    return max(compute, io / t.hbm_gbps)
 
 
 def _compute_ns(instructions, t: Target) -> float:
@@ -356,7 +206,6 @@ class _BlockCost:
     """What a block's instructions cost whatever their schedule: counted once per block,
     added up per call (Note [blocks and calls])."""
 
-    shares: list[float]  # per instruction: busy_share
     engines: Counter  # instructions per engine, as the block names them
     flops: int
     hw_flops: int
@@ -383,7 +232,7 @@ def _block_cost(block, t: Target) -> _BlockCost:
             peak_ns += costs.matmul_hw_flops(ins, t) / t.peak_flops_per_ns(ins.moving.dtype)
         r, w = hbm_bytes(ins)
         read, write = read + r, write + w
-        if _is_dma(ins):
+        if is_dma(ins):
             payload += costs.dma_work(ins, t).payload
         for ref in (*ins.reads(), *ins.writes()):
             if isinstance(ref, isa.DramRef):
@@ -393,7 +242,6 @@ def _block_cost(block, t: Target) -> _BlockCost:
         psum_r += _tile_bytes(ins.reads(), "psum")
         psum_w += _tile_bytes(ins.writes(), "psum")
     return _BlockCost(
-        [busy_share(ins, t) for ins in block.instructions],
         engines,
         flops,
         hw_flops,
@@ -409,19 +257,14 @@ def _block_cost(block, t: Target) -> _BlockCost:
 
 def time_executable(exe: Executable, t: Target) -> Profile:
     sched, state = schedule(exe, t)
-    busy: dict[str, float] = defaultdict(float)
     counts: Counter[str] = Counter()
     kinds = {b.name: b.kind for b in exe.buffers}
     flops = hw_flops = read = write = spill = dma_payload = 0
     sbuf_r = sbuf_w = psum_r = psum_w = 0
     peak_ns = 0.0
     block_costs = [_block_cost(b, t) for b in exe.blocks]
-    i = 0
     for call in exe.calls:
         c = block_costs[call.block]
-        for share in c.shares:
-            busy[sched.track[i]] += (sched.end[i] - sched.start[i]) * share
-            i += 1
         for engine, n in c.engines.items():
             counts[turn_queue(engine, call.phase, exe.shared_queues)] += n
         flops, hw_flops, peak_ns = flops + c.flops, hw_flops + c.hw_flops, peak_ns + c.peak_ns
@@ -429,16 +272,16 @@ def time_executable(exe: Executable, t: Target) -> Profile:
         sbuf_r, sbuf_w = sbuf_r + c.sbuf[0], sbuf_w + c.sbuf[1]
         psum_r, psum_w = psum_r + c.psum[0], psum_w + c.psum[1]
         spill += sum(n for p, n in c.param_bytes.items() if kinds.get(call.args[p]) == "temp")
-    total = max(sched.end, default=0.0)
+    total = float(sched.end.max()) if len(sched.end) else 0.0
     # Utilisation against the peak of the dtypes actually multiplied (fp32 runs at 1/4).
     dtype_peak = hw_flops / peak_ns if peak_ns else t.peak_flops_per_ns(DType.BF16)
     ideal_dma_ns = dma_payload / (t.dma_gbps / t.dma_engines)
     profile = Profile(
         target=t.name,
         device_ns=total,
-        engine_busy_ns=dict(busy),
+        engine_busy_ns=dict(state.busy),
         engine_instructions=dict(counts),
-        instructions=len(exe.instructions),
+        instructions=len(sched.end),
         flops=flops,
         hw_flops=hw_flops,
         mfu=flops / (dtype_peak * total) if total else 0.0,
@@ -500,7 +343,7 @@ def kernel_costs(exe: Executable, t: Target) -> list[KernelCost]:
         flops = hbm = 0
         instructions = exe.instructions[k.start : k.stop]
         for i, ins in enumerate(instructions, k.start):
-            group = "dma" if _is_dma(ins) else ins.engine
+            group = "dma" if is_dma(ins) else ins.engine
             busy[group] += (sched.end[i] - sched.start[i]) * busy_share(ins, t)
             flops += costs.matmul_flops(ins)
             hbm += sum(hbm_bytes(ins))

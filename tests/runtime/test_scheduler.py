@@ -1,0 +1,83 @@
+"""Timing by call (Note [timing by call]): a call that meets the state an earlier call of its
+block met is placed from the memo; the schedule equals timing every call afresh."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import neuroncc
+from neuroncc.codegen.hardware.targets import get_target
+from neuroncc.runtime.scheduler import schedule
+from neuroncc.runtime.stats import STATS
+from neuroncc.runtime.timing import time_executable
+from tests.codegen.executable.test_blocks import _chain
+
+
+def _same_schedule(exe, target) -> int:
+    """Assert the memo's schedule is the fresh one (to the key's picoseconds); the calls the
+    memo placed."""
+    fresh, _ = schedule(exe, target, memo=False)
+    memo, state = schedule(exe, target)
+    scale = max(float(fresh.end.max(initial=0.0)), 1.0)
+    np.testing.assert_allclose(memo.start, fresh.start, rtol=0, atol=1e-9 * scale + 1e-2)
+    np.testing.assert_allclose(memo.end, fresh.end, rtol=0, atol=1e-9 * scale + 1e-2)
+    assert memo.track == fresh.track
+    return state.calls_replayed
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.integers(0, 3),
+            st.integers(0, 3),
+            st.sampled_from([0.5, 2.0]),
+            st.sampled_from([8, 16, 64]),
+        ),
+        min_size=1,
+        max_size=24,
+    )
+)
+def test_memo_equals_fresh_timing(steps):
+    """Kernels over shared buffers in any order, blocks repeating with other bindings, queue
+    turns and predecessors: placing calls from the memo changes no instruction's time."""
+    steps = [(s, d, f, t) for s, d, f, t in steps if s != d]
+    if not steps:
+        return
+    exe, _ = _chain(steps, 4)
+    _same_schedule(exe, get_target("trn2"))
+
+
+class _Layer(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+@pytest.mark.filterwarnings("ignore:neuroncc timing_only")
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_repeated_layers_are_timed_once(target):
+    """Eight identical layers: past the first few, each layer's calls meet the state the
+    previous layer's met and come from the memo; the profile is the fresh timing's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[_Layer(128) for _ in range(8)])
+    options = {"timing_only": True, "target": target, "disk_cache": False}
+    compiled = torch.compile(model, backend="neuron", options=options)
+    STATS.reset()
+    with torch.no_grad():
+        compiled(torch.randn(512, 128))
+    # the model's graph (the others lay its weights out)
+    entry = max(STATS.executed().values(), key=lambda e: len(e.exe.calls))
+    exe, t = entry.exe, get_target(target)
+    replayed = _same_schedule(exe, t)
+    assert replayed >= len(exe.calls) // 2
+    profile = time_executable(exe, t)
+    assert profile.device_ns == pytest.approx(entry.profile.device_ns, rel=1e-12)
+    assert neuroncc.stats()["fallback_nodes"] == {}
