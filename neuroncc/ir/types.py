@@ -31,9 +31,9 @@ class DType(enum.Enum):
     U8 = "u8"
     BOOL = "bool"
 
-    @property
+    @functools.cached_property
     def itemsize(self) -> int:
-        return _ITEMSIZE[self]  # codegen asks for it millions of times: a dict lookup
+        return _ITEMSIZE[self]  # codegen asks for it millions of times: an attribute
 
     @property
     def numpy(self) -> np.dtype:

@@ -127,6 +127,7 @@ class _Scheduler:
         self.busy: dict[str, float] = defaultdict(float)  # per track: ns x busy_share
         self.last_writes: dict[str, tuple] = {}  # compute engine -> its last writes
         self.calls_replayed = 0  # calls placed from the memo (Note [timing by call])
+        self.plans: dict[int, _Plan] = {}  # per block called
 
     def compute(self, track: str, dur: float, ready: float) -> tuple[float, float]:
         start = max(self.free_at[track], ready)
@@ -264,6 +265,7 @@ class _Plan:
 
     def __init__(self, block: Block, t: Target) -> None:
         self.steps: list[_Step] = []
+        self.hbm_read = self.hbm_write = self.dma_payload = 0  # over the block
         # compute engine -> (its first instruction, the drain it pays if the engine's
         # previous instruction, before the block, wrote what it reads)
         self.entry_drains: dict[str, tuple[int, float]] = {}
@@ -289,7 +291,10 @@ class _Plan:
             if engines:
                 base, extra = divmod(work.descriptors, engines)
                 shares = tuple(work.engine_ns(base + (k < extra), t) for k in range(engines))
-            hbm_ns = sum(hbm_bytes(ins)) / t.hbm_gbps
+            read, write = hbm_bytes(ins)
+            self.hbm_read, self.hbm_write = self.hbm_read + read, self.hbm_write + write
+            self.dma_payload += work.payload
+            hbm_ns = (read + write) / t.hbm_gbps
             least = max(hbm_ns, min(shares, default=0.0))
             return _Step(DMA, ins.engine, ins.deps, 0.0, range(0), 1.0, shares, hbm_ns, least)
         dur = costs.instr_ns(ins, t)
@@ -337,7 +342,7 @@ def schedule(exe: Executable, t: Target, memo: bool = True) -> tuple[Schedule, _
     n = sum(sizes[c.block] for c in exe.calls)
     start, end = np.zeros(n), np.zeros(n)
     state = _Scheduler(t)
-    plans: dict[int, _Plan] = {}
+    plans = state.plans
     effects: dict[tuple, _Effect] = {}
     track: list[str] = []
     base = 0

@@ -218,9 +218,10 @@ class _BlockCost:
     param_bytes: dict[int, int]  # per HBM parameter: the bytes its accesses move
 
 
-def _block_cost(block, t: Target) -> _BlockCost:
+def _block_cost(block, plan, t: Target) -> _BlockCost:
+    """The block's costs; its HBM bytes and DMA payload are the scheduler's plan's."""
     engines: Counter[str] = Counter()
-    flops = hw_flops = read = write = payload = 0
+    flops = hw_flops = 0
     sbuf_r = sbuf_w = psum_r = psum_w = 0
     peak_ns = 0.0
     param_bytes: Counter[int] = Counter()
@@ -230,25 +231,22 @@ def _block_cost(block, t: Target) -> _BlockCost:
             flops += costs.matmul_flops(ins)
             hw_flops += costs.matmul_hw_flops(ins, t)
             peak_ns += costs.matmul_hw_flops(ins, t) / t.peak_flops_per_ns(ins.moving.dtype)
-        r, w = hbm_bytes(ins)
-        read, write = read + r, write + w
-        if is_dma(ins):
-            payload += costs.dma_work(ins, t).payload
-        for ref in (*ins.reads(), *ins.writes()):
+        reads, writes = ins.reads(), ins.writes()
+        for ref in (*reads, *writes):
             if isinstance(ref, isa.DramRef):
                 param_bytes[int(ref.buffer[1:])] += ref.nbytes
-        sbuf_r += _tile_bytes(ins.reads(), "sbuf")
-        sbuf_w += _tile_bytes(ins.writes(), "sbuf")
-        psum_r += _tile_bytes(ins.reads(), "psum")
-        psum_w += _tile_bytes(ins.writes(), "psum")
+        sbuf_r += _tile_bytes(reads, "sbuf")
+        sbuf_w += _tile_bytes(writes, "sbuf")
+        psum_r += _tile_bytes(reads, "psum")
+        psum_w += _tile_bytes(writes, "psum")
     return _BlockCost(
         engines,
         flops,
         hw_flops,
         peak_ns,
-        read,
-        write,
-        payload,
+        plan.hbm_read,
+        plan.hbm_write,
+        plan.dma_payload,
         (sbuf_r, sbuf_w),
         (psum_r, psum_w),
         dict(param_bytes),
@@ -262,7 +260,7 @@ def time_executable(exe: Executable, t: Target) -> Profile:
     flops = hw_flops = read = write = spill = dma_payload = 0
     sbuf_r = sbuf_w = psum_r = psum_w = 0
     peak_ns = 0.0
-    block_costs = [_block_cost(b, t) for b in exe.blocks]
+    block_costs = {k: _block_cost(exe.blocks[k], plan, t) for k, plan in state.plans.items()}
     for call in exe.calls:
         c = block_costs[call.block]
         for engine, n in c.engines.items():

@@ -140,7 +140,7 @@ def expand(
                 return ref
             new = renamed.get(ref)
             if new is None:
-                new = renamed[ref] = _with(ref, {"buffer": args[int(ref.buffer[1:])]})
+                new = renamed[ref] = with_fields(ref, {"buffer": args[int(ref.buffer[1:])]})
             return new
 
         for j, ins in enumerate(block.instructions):
@@ -155,13 +155,13 @@ def expand(
             for name, value in ins.operands().items():
                 if isinstance(value, isa.DramRef):
                     changes[name] = bind(value)
-            out.append(_with(ins, changes))
+            out.append(with_fields(ins, changes))
     return tuple(out)
 
 
-def _with(ins: isa.Instr, changes: dict) -> isa.Instr:
-    """dataclasses.replace without __init__: a third of its cost (expanding is per
-    instruction of the unrolled stream)."""
+def with_fields(ins, changes: dict):
+    """dataclasses.replace of an instruction or operand without __init__: a third of its
+    cost (building and expanding are per instruction of the unrolled stream)."""
     new = object.__new__(type(ins))
     new.__dict__.update(ins.__dict__)
     new.__dict__.update(changes)
@@ -181,7 +181,7 @@ def parametrise(name: str, instructions: list[isa.Instr]) -> tuple[Block, tuple[
                 new = renamed.get(value)
                 if new is None:
                     param = args.setdefault(value.buffer, param_name(len(args)))
-                    new = renamed[value] = _with(value, {"buffer": param})
+                    new = renamed[value] = with_fields(value, {"buffer": param})
                 changes[field_name] = new
-        out.append(_with(ins, changes) if changes else ins)
+        out.append(with_fields(ins, changes) if changes else ins)
     return Block(name, len(args), tuple(out)), tuple(args)

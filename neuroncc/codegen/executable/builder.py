@@ -33,7 +33,14 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from neuroncc.codegen.executable.blocks import Block, Call, Touch, parametrise, turn_queue
+from neuroncc.codegen.executable.blocks import (
+    Block,
+    Call,
+    Touch,
+    parametrise,
+    turn_queue,
+    with_fields,
+)
 from neuroncc.codegen.executable.intervals import IntervalIndex
 from neuroncc.codegen.executable.program import Buffer, Executable, ValueLoc
 from neuroncc.codegen.hardware import isa
@@ -77,11 +84,15 @@ class DepTracker:
         self._buffers = buffers  # the builder's HBM buffers, by name
         self._live: dict[str, IntervalIndex[_Access]] = {}
 
-    def deps(self, ins: isa.Instr) -> tuple[int, ...]:
+    def add(self, ins_id: int, ins: isa.Instr) -> tuple[int, ...]:
+        """The latest instruction of each other engine that ins must wait for (one id per
+        engine, Note [dependencies]); then ins is recorded as instruction ins_id."""
+        accesses = [(*region(ref, self._buffers), write) for ref, write in _accesses(ins)]
         latest: dict[str, int] = {}
-        for ref, write in _accesses(ins):
-            mem, box = region(ref, self._buffers)
+        for mem, box, write in accesses:
             self.conflicts(mem, box, write, ins.engine, latest)
+        for mem, box, write in accesses:
+            self.record_access(ins_id, ins.engine, mem, box, write)
         return tuple(sorted(latest.values()))
 
     def conflicts(self, mem: str, box: Box, write: bool, engine: str, latest: dict) -> None:
@@ -93,11 +104,6 @@ class DepTracker:
         for acc in live.overlapping(box[2], box[3]):
             if (write or acc.write) and acc.engine != engine and overlaps(box, acc.box):
                 latest[acc.engine] = max(latest.get(acc.engine, -1), acc.instr)
-
-    def record(self, ins_id: int, ins: isa.Instr) -> None:
-        for ref, write in _accesses(ins):
-            mem, box = region(ref, self._buffers)
-            self.record_access(ins_id, ins.engine, mem, box, write)
 
     def record_access(
         self, ins_id: int, engine: str, mem: str, box: Box, write: bool, before: int | None = None
@@ -401,10 +407,9 @@ class ProgramBuilder:
         if none is); its id in the program's unrolled stream."""
         if self._open is None:
             self._open_kernel(self.name)
-        ins = replace(ins, deps=self._tracker.deps(ins))
         local = len(self._local)
+        ins = with_fields(ins, {"deps": self._tracker.add(local, ins)})
         self._local.append(ins)
-        self._tracker.record(local, ins)
         return self._emitted + local
 
     def dma(self, dst: isa.Operand, src: isa.Operand, queue: str | None = None) -> int:

@@ -15,6 +15,7 @@ serialise to plain JSON (see program.py); nothing here executes anything.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
@@ -30,6 +31,9 @@ def dma_queue(i: int) -> str:
 
 @dataclass(frozen=True)
 class TileRef:
+    """A tile of SBUF or PSUM: partitions p0 .. p0 + np, `free` elements from byte `offset` of
+    each. Derived sizes are cached on first use (codegen asks for them per instruction)."""
+
     mem: str  # "sbuf" | "psum"
     p0: int
     np: int
@@ -37,11 +41,11 @@ class TileRef:
     dtype: DType
     free: tuple[int, ...]
 
-    @property
+    @functools.cached_property
     def free_elems(self) -> int:
         return math.prod(self.free)
 
-    @property
+    @functools.cached_property
     def free_bytes(self) -> int:
         return self.free_elems * self.dtype.itemsize
 
@@ -49,7 +53,7 @@ class TileRef:
     def shape(self) -> tuple[int, ...]:
         return (self.np, *self.free)
 
-    @property
+    @functools.cached_property
     def numel(self) -> int:
         return self.np * self.free_elems
 
@@ -89,16 +93,20 @@ class DramRef:
     def shape(self) -> tuple[int, ...]:
         return tuple(c for _, c in self.dims)
 
-    @property
+    @functools.cached_property
     def numel(self) -> int:
         return math.prod(self.shape)
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
         return self.numel * self.dtype.itemsize
 
     def span(self) -> tuple[int, int]:
         """[lo, hi) element bounds of what this pattern touches."""
+        return self._span
+
+    @functools.cached_property
+    def _span(self) -> tuple[int, int]:
         if self.numel == 0:
             return self.offset, self.offset
         lo = self.offset + sum(min(0, s * (c - 1)) for s, c in self.dims)
@@ -139,9 +147,14 @@ class Instr:
         return ()
 
     def operands(self) -> dict[str, Any]:
-        return {
-            f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("engine", "deps")
-        }
+        return {name: getattr(self, name) for name in _operand_names(type(self))}
+
+
+@functools.cache
+def _operand_names(cls: type) -> tuple[str, ...]:
+    """An instruction class's fields past engine and deps (asked per instruction: fields()
+    walks the class each time)."""
+    return tuple(f.name for f in fields(cls) if f.name not in ("engine", "deps"))
 
 
 @dataclass(frozen=True)
