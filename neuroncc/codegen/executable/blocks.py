@@ -22,7 +22,9 @@ engine comes after the first in the engine's order. The price: a kernel reading 
 for the whole of the writer's part of it, where a tracker over the unrolled stream would wait
 for the one tile it reads first (the benchmark suite's device times moved by at most 0.2%).
 A call's last touches are not ordered among themselves (two engines may write disjoint rows
-within one's span), so recording one drops only accesses of earlier calls it covers.
+within one's span), so recording one drops only accesses of earlier calls it covers. A wait
+that an earlier instruction on the same engine already has is left out (the engine runs in
+order): a layer's calls then wait on a few instructions, not on one per tile they touch.
 """
 
 from __future__ import annotations

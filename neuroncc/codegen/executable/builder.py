@@ -132,6 +132,25 @@ def _accesses(ins: isa.Instr) -> list[tuple[isa.Operand, bool]]:
     return [(r, False) for r in ins.reads()] + [(w, True) for w in ins.writes()]
 
 
+def _needed(block: Block, waits: dict[int, dict[str, int]]) -> tuple:
+    """A call's waits (local instruction -> the latest instruction of each other engine it
+    must wait for), less those an earlier instruction on its engine already waits for: the
+    engine runs in order, so they are met (a TensorE instruction starts after the one before
+    it started, which was after the wait)."""
+    waited: dict[str, dict[str, int]] = {}  # local engine -> other engine -> latest waited
+    out = []
+    for j in sorted(waits):
+        done = waited.setdefault(block.instructions[j].engine, {})
+        ids = []
+        for engine, i in waits[j].items():
+            if i > done.get(engine, -1):
+                done[engine] = i
+                ids.append(i)
+        if ids:
+            out.append((j, tuple(sorted(ids))))
+    return tuple(out)
+
+
 class OnChipOverflow(CodegenError):
     """A kernel's tiles do not fit SBUF or PSUM (beside what the program set aside)."""
 
@@ -351,25 +370,15 @@ class ProgramBuilder:
         block = self.blocks[index]
         entries, exits = block.footprint
         base = self._emitted
-        waits: dict[int, set[int]] = {}
+        waits: dict[int, dict[str, int]] = {}
         for touch in entries:
             mem, box, engine = self._absolute(touch, args, phase)
-            latest: dict[str, int] = {}
+            latest = waits.setdefault(touch.instr, {})
             self._boundary.conflicts(mem, box, touch.write, engine, latest)
-            if latest:
-                waits.setdefault(touch.instr, set()).update(latest.values())
         for touch in exits:
             mem, box, engine = self._absolute(touch, args, phase)
             self._boundary.record_access(base + touch.instr, engine, mem, box, touch.write, base)
-        self.calls.append(
-            Call(
-                name,
-                index,
-                args,
-                phase,
-                tuple((j, tuple(sorted(w))) for j, w in sorted(waits.items())),
-            )
-        )
+        self.calls.append(Call(name, index, args, phase, _needed(block, waits)))
         self._emitted += len(block.instructions)
 
     def _absolute(self, touch: Touch, args: tuple[str, ...], phase: int) -> tuple[str, Box, str]:

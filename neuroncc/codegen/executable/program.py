@@ -22,8 +22,8 @@ from neuroncc.codegen.hardware import isa
 from neuroncc.codegen.hardware.targets import get_target
 from neuroncc.ir.types import DType
 
-FORMAT_VERSION = 6  # 2: Matmul.transpose; 3: interned operands, positional rows;
-# 4: activation_reduce; 5: Matmul.tile_rows; 6: blocks and calls
+FORMAT_VERSION = 7  # 2: Matmul.transpose; 3: interned operands, positional rows;
+# 4: activation_reduce; 5: Matmul.tile_rows; 6: blocks and calls; 7: a table of waits
 
 
 @dataclass(frozen=True)
@@ -270,11 +270,45 @@ def _encode_executable(exe: Executable) -> dict:
         "shared_queues": exe.shared_queues,
         "operands": operands,
         "blocks": [[b.name, b.params, rows] for b, rows in zip(exe.blocks, streams, strict=True)],
-        "calls": [
-            [c.name, c.block, list(c.args), c.phase, [[j, list(w)] for j, w in c.waits]]
-            for c in exe.calls
-        ],
+        **_encode_calls(exe),
     }
+
+
+def _encode_calls(exe: Executable) -> dict:
+    """The calls, each naming its waits in a table of distinct waits: a call's waits as how
+    far back from the call's first instruction each waited-for instruction lies, the same
+    for every layer of a model, so that the entry does not grow with its depth."""
+    table: dict[tuple, int] = {}
+    calls, base = [], 0
+    for c in exe.calls:
+        back = tuple((j, tuple(base - i for i in ids)) for j, ids in c.waits)
+        calls.append([c.name, c.block, list(c.args), c.phase, table.setdefault(back, len(table))])
+        base += len(exe.blocks[c.block].instructions)
+    return {"calls": calls, "waits": [[[j, list(ids)] for j, ids in back] for back in table]}
+
+
+def _decode_calls(d: dict, blocks: tuple[Block, ...]) -> tuple[Call, ...]:
+    table = [[(j, tuple(ids)) for j, ids in back] for back in d["waits"]]
+    calls, base = [], 0
+    for name, block, args, phase, waits in d["calls"]:
+        if not 0 <= block < len(blocks) or len(args) != blocks[block].params:
+            raise ValueError("a call names a block that is not there, or binds other parameters")
+        if not 0 <= waits < len(table) or any(
+            not 0 < i <= base for _, ids in table[waits] for i in ids
+        ):
+            raise ValueError(f"call {name} waits on instructions that are not before it")
+        back = table[waits]
+        calls.append(
+            Call(
+                name,
+                block,
+                tuple(args),
+                phase,
+                tuple((j, tuple(base - i for i in ids)) for j, ids in back),
+            )
+        )
+        base += len(blocks[block].instructions)
+    return tuple(calls)
 
 
 def _decode_executable(d: dict) -> Executable:
@@ -284,14 +318,7 @@ def _decode_executable(d: dict) -> Executable:
             Block(name, params, instructions)
             for (name, params, _), instructions in zip(d["blocks"], streams, strict=True)
         )
-        calls = tuple(
-            Call(name, block, tuple(args), phase, tuple((j, tuple(w)) for j, w in waits))
-            for name, block, args, phase, waits in d["calls"]
-        )
-        if any(
-            not 0 <= c.block < len(blocks) or len(c.args) != blocks[c.block].params for c in calls
-        ):
-            raise ValueError("a call names a block that is not there, or binds other parameters")
+        calls = _decode_calls(d, blocks)
         return Executable(
             name=d["name"],
             target=d["target"],
