@@ -11,15 +11,24 @@ in every run, so the simulator keeps an executable's steps from run to run (memo
 A prepare function may read memory (the identity of a transpose) only when the memories are
 `checked`: in that run each step is prepared right after the one before it has run.
 Steps run with numpy's floating-point warnings off (simulator.run): IEEE results, no warnings.
+
+Note [torch on simulator memory]: TensorE's products run on torch's CPU matmul (MKL/oneDNN,
+on torch's threads), on tensors that are zero-copy views of the simulator's own SBUF and
+PSUM arrays (torch.from_numpy; bf16 tiles through their bits): the product lands in PSUM
+itself. Never on a model's tensor, never the graph's ATen op: the simulator computes what
+the instruction says, 1.6x faster than numpy's single-threaded BLAS (a Llama layer at 2048:
+TensorE's products were 70% of the simulation). bf16 x bf16 products are exact in fp32;
+the sums round as any fp32 accumulation does, in the order the library takes.
 """
 
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Callable
 
+import ml_dtypes
 import numpy as np
+import torch
 
 from neuroncc.codegen.hardware import isa
 from neuroncc.codegen.hardware.targets import Target
@@ -52,16 +61,17 @@ def _as_f32(a: np.ndarray) -> Callable[[], np.ndarray]:
     return lambda: a.astype(np.float32)
 
 
-_SCRATCH = threading.local()
-
-
-def _scratch(shape: tuple[int, ...]) -> np.ndarray:
-    """This thread's fp32 scratch array of that shape: steps run one at a time per thread, and
-    a fresh temporary of a PSUM bank's size costs page faults on every call."""
-    arrays = _SCRATCH.__dict__.setdefault("arrays", {})
-    if shape not in arrays:
-        arrays[shape] = np.empty(shape, np.float32)
-    return arrays[shape]
+def _torch_f32(a: np.ndarray) -> Callable[[], torch.Tensor]:
+    """a's values as an fp32 torch tensor at the time of the call, for TensorE's products
+    (Note [torch on simulator memory]): a itself, zero-copy, if it holds fp32, else a
+    conversion of a zero-copy view made then."""
+    if a.dtype == ml_dtypes.bfloat16:
+        bits = torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
+        return lambda: bits.float()
+    view = torch.from_numpy(a)
+    if view.dtype == torch.float32:
+        return lambda: view
+    return lambda: view.float()
 
 
 def _same_shape(ins: isa.Instr, *refs: isa.TileRef) -> None:
@@ -161,15 +171,10 @@ def prepare_matmul(m: Memories, ins: isa.Matmul, t: Target) -> Step:
             out[...] = np.ascontiguousarray(a()).T  # 4x faster than one copy of strided views
 
         return transpose
-    a, b = _as_f32(a_view), _as_f32(b_view)
+    a, b, psum = _torch_f32(a_view), _torch_f32(b_view), torch.from_numpy(out)
     if not ins.accumulate:
-        return lambda: np.matmul(a().T, b(), out=out)
-    product = _scratch(out.shape)
-
-    def accumulate() -> None:
-        np.add(out, np.matmul(a().T, b(), out=product), out=out)
-
-    return accumulate
+        return lambda: torch.mm(a().T, b(), out=psum)
+    return lambda: psum.addmm_(a().T, b())
 
 
 def _check_row_tile(ins: isa.Matmul, t: Target) -> None:
