@@ -14,6 +14,7 @@ from neuroncc.runtime.scheduler import schedule
 from neuroncc.runtime.stats import STATS
 from neuroncc.runtime.timing import time_executable
 from tests.codegen.executable.test_blocks import _chain
+from tools import bench
 
 
 def _same_schedule(exe, target) -> int:
@@ -81,3 +82,14 @@ def test_repeated_layers_are_timed_once(target):
     profile = time_executable(exe, t)
     assert profile.device_ns == pytest.approx(entry.profile.device_ns, rel=1e-12)
     assert neuroncc.stats()["fallback_nodes"] == {}
+
+
+@pytest.mark.filterwarnings("ignore:neuroncc timing_only")
+@pytest.mark.parametrize("name", [w.name for w in bench.WORKLOADS])
+def test_bench_workloads_time_alike_with_and_without_the_memo(name):
+    """Every workload of the benchmark suite (quick shapes): the memo's schedule is the
+    call-by-call one, graph by graph (the weights' layouts too)."""
+    (workload,) = [w for w in bench.WORKLOADS if w.name == name]
+    bench._neuroncc(workload, quick=True, level=2, timing_only=True)
+    for entry in STATS.executed().values():
+        _same_schedule(entry.exe, get_target(entry.exe.target))
