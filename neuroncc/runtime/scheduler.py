@@ -436,11 +436,13 @@ def _bounds(plan: _Plan, floors: list[float], waits: dict[int, float], sem: floa
         if w is not None and w > start:
             live.append((j, w))
             start = w
+        end[j] = start + s.least_ns
+        if s.kind == DMA and not s.shares:  # moves nothing: its queue is not held
+            continue
         if first[k] is None:
             first[k] = start
-        end[j] = start + s.least_ns
         track[k] = start if s.kind == TENSOR else end[j]
-    return first, live
+    return [f if f is not None else floors[k] for k, f in enumerate(first)], live
 
 
 def _dealt(state: _Scheduler) -> list[_Timeline]:

@@ -9,8 +9,11 @@ from hypothesis import strategies as st
 from torch import nn
 
 import neuroncc
+from neuroncc.codegen.executable.blocks import Block
+from neuroncc.codegen.hardware import isa
 from neuroncc.codegen.hardware.targets import get_target
-from neuroncc.runtime.scheduler import schedule
+from neuroncc.ir.types import DType
+from neuroncc.runtime.scheduler import _bounds, _Plan, schedule
 from neuroncc.runtime.stats import STATS
 from neuroncc.runtime.timing import time_executable
 from tests.codegen.executable.test_blocks import _chain
@@ -93,3 +96,31 @@ def test_bench_workloads_time_alike_with_and_without_the_memo(name):
     bench._neuroncc(workload, quick=True, level=2, timing_only=True)
     for entry in STATS.executed().values():
         _same_schedule(entry.exe, get_target(entry.exe.target))
+
+
+def test_a_dma_that_moves_nothing_does_not_raise_its_queue():
+    """A DMA of no elements is placed at its queue's free time but does not hold the queue, so
+    the key's lower bounds must not raise the queue to it: the wait of a later DMA on that
+    queue stays in the key (a bound raised past it would drop it, and calls whose waits differ
+    would share a schedule)."""
+    f32, n, t = DType.F32, 32, get_target("trn2")
+    tile = isa.TileRef("sbuf", 0, 128, 0, f32, (n,))
+    rows = isa.DramRef("$0", 0, f32, ((n, 128), (1, n)))
+    slow = isa.Activation(
+        "act",
+        func="exp",
+        dst=isa.TileRef("sbuf", 0, 128, 4096, f32, (2048,)),
+        src=isa.TileRef("sbuf", 0, 128, 4096, f32, (2048,)),
+    )
+    empty = isa.Dma(
+        "q0",
+        deps=(0,),
+        dst=isa.TileRef("sbuf", 0, 1, 256, f32, (0,)),
+        src=isa.DramRef("$0", 0, f32, ((1, 0),)),
+    )
+    load = isa.Dma("q0", dst=tile, src=rows)
+    plan = _Plan(Block("k", 1, (slow, empty, load)), t)
+    assert plan.steps[1].shares == () and plan.steps[0].least_ns > 100
+    first, live = _bounds(plan, [0.0] * len(plan.engines), {2: 50.0}, t.semaphore_ns)
+    assert live == [(2, 50.0)]
+    assert first[plan.engines.index("q0")] == 50.0
