@@ -269,12 +269,12 @@ class _Plan:
         # compute engine -> (its first instruction, the drain it pays if the engine's
         # previous instruction, before the block, wrote what it reads)
         self.entry_drains: dict[str, tuple[int, float]] = {}
+        self.instructions = block.instructions
         last_on: dict[str, int] = {}  # compute engine -> its last instruction so far
         for j, ins in enumerate(block.instructions):
-            self.steps.append(self._step(ins, t, block.instructions, last_on, j))
+            self.steps.append(self._step(ins, t, last_on, j))
             if not is_dma(ins):
                 last_on[ins.engine] = j
-        self.instructions = block.instructions
         self.exit_writes = {e: block.instructions[j].writes() for e, j in last_on.items()}
         self.engines = tuple(dict.fromkeys(s.engine for s in self.steps))
         self.slot = [self.engines.index(s.engine) for s in self.steps]  # per step
@@ -283,7 +283,7 @@ class _Plan:
         self.uses_dma = any(s.kind == DMA for s in self.steps)
         self._tracks: dict[int, tuple[tuple[str, ...], list[str]]] = {}
 
-    def _step(self, ins: isa.Instr, t: Target, instrs, last_on: dict, j: int) -> _Step:
+    def _step(self, ins: isa.Instr, t: Target, last_on: dict, j: int) -> _Step:
         if is_dma(ins):
             work = costs.dma_work(ins, t)
             engines = min(t.dma_engines, work.descriptors)
@@ -305,7 +305,7 @@ class _Plan:
         previous = last_on.get(ins.engine)
         if previous is None:
             self.entry_drains[ins.engine] = (j, drain)
-        elif reads_any(ins, instrs[previous].writes()):
+        elif reads_any(ins, self.instructions[previous].writes()):
             dur += drain
         return _Step(COMPUTE, ins.engine, ins.deps, dur, range(0), 1.0, (), 0.0, dur)
 
@@ -327,7 +327,7 @@ class _Effect:
 
     start: np.ndarray
     end: np.ndarray
-    free_at: tuple[float, ...]  # per engine of the block (plan.engines), then TensorE's
+    free_at: tuple[float, ...]  # per engine of the block (plan.engines)
     pe: tuple[float, ...]  # issued, lanes (relative); warm-up (absolute)
     dma_tails: tuple  # per DMA engine from the call's first, then HBM: tails after dma_floor
     dealt: int  # DMA engine shares dealt
@@ -403,7 +403,7 @@ class _Entry:
         self.first_engine = state.next_engine
         if plan.uses_dma:
             self.dma_floor = f = min(first[k] for k in plan.dma_slots)
-            tails = tuple(_key_tail(tl.tail(f, o)) for tl in _dealt(state))
+            tails = tuple(_key_tail(tl.tail(f, o)) for tl in _dealt(state, state.next_engine))
         live_key = tuple((j, round(w - o, KEY_NS)) for j, w in live)
         self.key = (tuple(rel), pe, live_key, tuple(self.drains.values()), tails)
 
@@ -445,10 +445,10 @@ def _bounds(plan: _Plan, floors: list[float], waits: dict[int, float], sem: floa
     return [f if f is not None else floors[k] for k, f in enumerate(first)], live
 
 
-def _dealt(state: _Scheduler) -> list[_Timeline]:
-    """The DMA engines in the order the next DMA deals to them, then HBM."""
-    e, k = state.dma_engines, state.next_engine
-    return [*e[k:], *e[:k], state.hbm]
+def _dealt(state: _Scheduler, first: int) -> list[_Timeline]:
+    """The DMA engines in the order they are dealt to from engine `first` on, then HBM."""
+    e = state.dma_engines
+    return [*e[first:], *e[:first], state.hbm]
 
 
 def _time_call(state: _Scheduler, plan: _Plan, tracks, entry: _Entry, t: Target):
@@ -488,21 +488,15 @@ def _time_call(state: _Scheduler, plan: _Plan, tracks, entry: _Entry, t: Target)
         end=end - o,
         free_at=tuple(state.free_at[tr] - o for tr in tracks),
         pe=pe,
-        dma_tails=tuple(_rotated_tails(state, entry)) if plan.uses_dma else (),
+        dma_tails=tuple(tl.tail(entry.dma_floor, o) for tl in _dealt(state, entry.first_engine))
+        if plan.uses_dma
+        else (),
         dealt=dealt,
         busy=tuple(busy),
         throttled_ns=state.throttled_ns - throttled,
         dma_engine_ns=state.dma_engine_ns - dma_ns,
     )
     return effect, start, end
-
-
-def _rotated_tails(state: _Scheduler, entry: _Entry):
-    """Each timeline's tail after the call's DMA floor, the DMA engines in the order they
-    were dealt to from the call's first."""
-    e, k = state.dma_engines, entry.first_engine
-    for tl in (*e[k:], *e[:k], state.hbm):
-        yield tl.tail(entry.dma_floor, entry.origin)
 
 
 def _apply(state: _Scheduler, plan: _Plan, tracks, entry: _Entry, effect: _Effect) -> None:
@@ -517,10 +511,10 @@ def _apply(state: _Scheduler, plan: _Plan, tracks, entry: _Entry, effect: _Effec
         state.pe_lane_free = [x + o for x in effect.pe[1 : 1 + lanes]]
         state.pe_warm_ns = effect.pe[-1]
     if plan.uses_dma:
-        e, k = state.dma_engines, entry.first_engine
-        for tl, tail in zip((*e[k:], *e[:k], state.hbm), effect.dma_tails, strict=True):
+        timelines = _dealt(state, entry.first_engine)
+        for tl, tail in zip(timelines, effect.dma_tails, strict=True):
             tl.replace_tail(entry.dma_floor, o, tail)
-        state.next_engine = (k + effect.dealt) % len(e)
+        state.next_engine = (entry.first_engine + effect.dealt) % len(state.dma_engines)
     state.last_writes.update(plan.exit_writes)
     state.throttled_ns += effect.throttled_ns
     state.dma_engine_ns += effect.dma_engine_ns

@@ -29,8 +29,8 @@ from neuroncc.codegen.hardware import costs, isa
 from neuroncc.codegen.hardware.targets import Target
 from neuroncc.errors import NeuronccInternalError
 from neuroncc.ir.types import DType
-from neuroncc.runtime.scheduler import (  # noqa: F401  (_Timeline, _Scheduler: the tests')
-    LANE_ROWS,
+from neuroncc.runtime.scheduler import (  # noqa: F401  (Schedule, _Scheduler, _Timeline,
+    # hbm_refs: the callers' and tests' names for them)
     Schedule,
     _Scheduler,
     _Timeline,
@@ -228,9 +228,9 @@ def _block_cost(block, plan, t: Target) -> _BlockCost:
     for ins in block.instructions:
         engines[ins.engine] += 1
         if isinstance(ins, isa.Matmul):
-            flops += costs.matmul_flops(ins)
-            hw_flops += costs.matmul_hw_flops(ins, t)
-            peak_ns += costs.matmul_hw_flops(ins, t) / t.peak_flops_per_ns(ins.moving.dtype)
+            hw = costs.matmul_hw_flops(ins, t)
+            flops, hw_flops = flops + costs.matmul_flops(ins), hw_flops + hw
+            peak_ns += hw / t.peak_flops_per_ns(ins.moving.dtype)
         reads, writes = ins.reads(), ins.writes()
         for ref in (*reads, *writes):
             if isinstance(ref, isa.DramRef):

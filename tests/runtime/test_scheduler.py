@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
-from hypothesis import strategies as st
 from torch import nn
 
 import neuroncc
@@ -16,7 +15,7 @@ from neuroncc.ir.types import DType
 from neuroncc.runtime.scheduler import _bounds, _Plan, schedule
 from neuroncc.runtime.stats import STATS
 from neuroncc.runtime.timing import time_executable
-from tests.codegen.executable.test_blocks import _chain
+from tests.codegen.executable.test_blocks import _chain, chain_steps
 from tools import bench
 
 
@@ -33,18 +32,7 @@ def _same_schedule(exe, target) -> int:
 
 
 @settings(max_examples=30, deadline=None)
-@given(
-    steps=st.lists(
-        st.tuples(
-            st.integers(0, 3),
-            st.integers(0, 3),
-            st.sampled_from([0.5, 2.0]),
-            st.sampled_from([8, 16, 64]),
-        ),
-        min_size=1,
-        max_size=24,
-    )
-)
+@given(steps=chain_steps(24))
 def test_memo_equals_fresh_timing(steps):
     """Kernels over shared buffers in any order, blocks repeating with other bindings, queue
     turns and predecessors: placing calls from the memo changes no instruction's time."""

@@ -293,11 +293,9 @@ def _decode_calls(d: dict, blocks: tuple[Block, ...]) -> tuple[Call, ...]:
     for name, block, args, phase, waits in d["calls"]:
         if not 0 <= block < len(blocks) or len(args) != blocks[block].params:
             raise ValueError("a call names a block that is not there, or binds other parameters")
-        if not 0 <= waits < len(table) or any(
-            not 0 < i <= base for _, ids in table[waits] for i in ids
-        ):
+        back = table[waits] if 0 <= waits < len(table) else None
+        if back is None or any(not 0 < i <= base for _, ids in back for i in ids):
             raise ValueError(f"call {name} waits on instructions that are not before it")
-        back = table[waits]
         calls.append(
             Call(
                 name,

@@ -66,19 +66,19 @@ def test_identical_kernels_share_a_block():
         np.testing.assert_array_equal(got, want)
 
 
-@settings(max_examples=40, deadline=None)
-@given(
-    steps=st.lists(
-        st.tuples(
-            st.integers(0, 3),
-            st.integers(1, 3),
-            st.sampled_from([0.5, 2.0, -1.0]),
-            st.sampled_from([8, 16, 64]),
-        ),
-        min_size=1,
-        max_size=8,
+def chain_steps(max_size: int):
+    """_chain's steps: (src, dst, factor, tile rows) over 4 buffers, 1 to max_size of them."""
+    step = st.tuples(
+        st.integers(0, 3),
+        st.integers(1, 3),
+        st.sampled_from([0.5, 2.0, -1.0]),
+        st.sampled_from([8, 16, 64]),
     )
-)
+    return st.lists(step, min_size=1, max_size=max_size)
+
+
+@settings(max_examples=40, deadline=None)
+@given(steps=chain_steps(8))
 def test_boundary_waits_order_every_hazard(steps):
     """Kernels reading and overwriting each other's buffers in any order, with tiles of any
     size (so blocks repeat with other bindings and queue turns): the unrolled stream has no
