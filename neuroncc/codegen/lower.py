@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from neuroncc.codegen.executable.builder import OnChipOverflow, RingPool
+from neuroncc.codegen.executable.builder import OnChipOverflow
 from neuroncc.codegen.executable.program import Executable
 from neuroncc.codegen.hardware.targets import Target
 from neuroncc.codegen.kernels import emit_matmul, emit_tensor  # noqa: F401  (register the emitters)
@@ -38,23 +38,29 @@ from neuroncc.ir.ops import Op
 from neuroncc.ir.printer import format_node
 
 
-def emit_graph(g: Graph, target: Target, reuse: bool = True) -> Executable:
+def emit_graph(g: Graph, target: Target, reuse: bool = True, unrolled: bool = False) -> Executable:
     """g's executable; `reuse=False` emits every kernel, where a kernel identical to two
-    before it is otherwise placed from its template (Note [kernel reuse])."""
+    before it is otherwise placed from its template (Note [kernel reuse]); `unrolled=True`
+    emits every iteration of every loop, where one that repeats earlier ones is otherwise
+    placed as calls of their blocks (Note [instruction loops]): the executable must be the
+    same."""
     tile = stream_tile_bytes(g, target)
     if tile:  # Note [weight stream]
         try:
-            return _emit(g, target, STREAM_TILES * tile, reuse)
+            return _emit(g, target, STREAM_TILES * tile, reuse, unrolled)
         except OnChipOverflow:
             pass  # a kernel needs the bytes the ring would take: without it
-    return _emit(g, target, 0, reuse)
+    return _emit(g, target, 0, reuse, unrolled)
 
 
-def _emit(g: Graph, target: Target, stream_bytes: int, reuse: bool) -> Executable:
+def _emit(
+    g: Graph, target: Target, stream_bytes: int, reuse: bool, unrolled: bool = False
+) -> Executable:
     ctx = EmitCtx(g, target)
     ctx.reuse = reuse
+    ctx.b.unrolled = unrolled
     if stream_bytes:
-        ring = RingPool("sbuf", ctx.b.reserve_sbuf(stream_bytes), stream_bytes)
+        ring = ctx.b.ring(stream_bytes)
         ctx.weight_stream = WeightStream(ring, ctx.b.reserve_queues(STREAM_QUEUES))
     nodes = list(g.nodes)
     start = {ids[0]: ids for ids in g.kernels}

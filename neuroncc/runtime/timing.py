@@ -23,7 +23,7 @@ import dataclasses
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 
-from neuroncc.codegen.executable.blocks import turn_queue
+from neuroncc.codegen.executable.blocks import relocated, turn_queue
 from neuroncc.codegen.executable.program import Executable
 from neuroncc.codegen.hardware import costs, isa
 from neuroncc.codegen.hardware.targets import Target
@@ -127,6 +127,9 @@ def _call_accesses(exe: Executable):
         if refs is None:
             refs = per_block[call.block] = _block_accesses(exe.blocks[call.block])
         for param, write, key, nbytes, ref, indirect in refs:
+            offset = call.offset(param)
+            if offset:  # the pattern where this call puts it
+                key, ref = (key, offset), relocated(ref, ref.buffer, ref.offset + offset)
             yield call.args[param], write, (key, c) if indirect else key, nbytes, ref
 
 

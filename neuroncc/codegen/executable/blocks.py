@@ -11,6 +11,22 @@ kernels, not with the model's depth. The unrolled stream (`Executable.instructio
 call's instructions with its buffers, queues and waits) is made on demand; the simulator, the
 timing model and the listing read it.
 
+Note [instruction loops]: a kernel's loop (a matmul's steps over blocks of rows and columns)
+is built an iteration at a time, each iteration a block of its own with its own call (`more`:
+it continues the kernel). HBM operands count from the first element the block touches of each
+parameter, and the call says where that is (`offsets`), so iterations that differ only in
+where they read and write share a block. The builder's `loop` watches the iterations go by:
+when the last 2p are a period of p repeated (the same blocks on the same buffers, met in the
+same state: the emitter's carried tiles and choices, its pools turned by whole rotations, the
+same queues dealt) and the emitter's forms say the next iterations look like the period's,
+it places them as calls of the period's blocks, offsets moved on by the period's strides,
+without running the emitter: what a kernel builds grows with its distinct iterations, not
+with the size of its tensors. The executable stores such calls as one run (program.py), so
+its size does not grow either; the timing model's memo times a repeated call once (Note
+[timing by call]); `emit_graph(..., unrolled=True)` emits every iteration and must give the
+same executable. Waits between iterations are the boundary waits below: exact for on-chip
+tiles, and for HBM the bytes each engine touches of a parameter in the iteration.
+
 Note [kernel boundaries]: waits inside a block are exact (the builder's tracker, over the
 kernel alone). Across kernels a block is summarised by its footprint: per engine and region it
 touches (an HBM buffer, taken whole over the bytes the engine touches of it; an on-chip tile
@@ -99,13 +115,21 @@ class Block:
 @dataclass(frozen=True)
 class Call:
     """A block placed in the program: its parameters' buffers, its queue phase, and its
-    waits across kernels as (local instruction, global ids of earlier instructions)."""
+    waits across kernels as (local instruction, global ids of earlier instructions).
+    `offsets`: per parameter, the element of its buffer the block's element 0 of it is (none:
+    all 0); `more`: the call continues the kernel of the call before it (an iteration of a
+    kernel's loop, Note [instruction loops])."""
 
     name: str
     block: int
     args: tuple[str, ...]
     phase: int
     waits: tuple[tuple[int, tuple[int, ...]], ...]
+    offsets: tuple[int, ...] = ()
+    more: bool = False
+
+    def offset(self, param: int) -> int:
+        return self.offsets[param] if self.offsets else 0
 
 
 def _union(a: Box, b: Box) -> Box:
@@ -137,12 +161,12 @@ def expand(
         waits = dict(call.waits)
         renamed: dict[isa.DramRef, isa.DramRef] = {}
 
-        def bind(ref, args=call.args, renamed=renamed):
+        def bind(ref, call=call, renamed=renamed):
             if not isinstance(ref, isa.DramRef):
                 return ref
             new = renamed.get(ref)
             if new is None:
-                new = renamed[ref] = with_fields(ref, {"buffer": args[int(ref.buffer[1:])]})
+                new = renamed[ref] = bound(ref, call)
             return new
 
         for j, ins in enumerate(block.instructions):
@@ -161,6 +185,20 @@ def expand(
     return tuple(out)
 
 
+def bound(ref: isa.DramRef, call: Call) -> isa.DramRef:
+    """A block's HBM operand as `call` binds it: its parameter's buffer and offset."""
+    param = int(ref.buffer[1:])
+    return relocated(ref, call.args[param], ref.offset + call.offset(param))
+
+
+def relocated(ref: isa.DramRef, buffer: str, offset: int) -> isa.DramRef:
+    """ref in another buffer at another element offset (its shape's cached facts kept)."""
+    new = with_fields(ref, {"buffer": buffer, "offset": offset})
+    if offset != ref.offset:
+        new.__dict__.pop("_span", None)
+    return new
+
+
 def with_fields(ins, changes: dict):
     """dataclasses.replace of an instruction or operand without __init__: a third of its
     cost (building and expanding are per instruction of the unrolled stream)."""
@@ -170,10 +208,20 @@ def with_fields(ins, changes: dict):
     return new
 
 
-def parametrise(name: str, instructions: list[isa.Instr]) -> tuple[Block, tuple[str, ...]]:
+def parametrise(
+    name: str, instructions: list[isa.Instr]
+) -> tuple[Block, tuple[str, ...], tuple[int, ...]]:
     """A kernel's instructions as a block whose HBM operands name parameters "$0", "$1", ...
-    in order of first use, and the buffers they stand for."""
-    args: dict[str, str] = {}
+    in order of first use, each counted from the first element the block touches of it; the
+    buffers they stand for, and those elements (the call's offsets)."""
+    base: dict[str, int] = {}
+    for ins in instructions:
+        for value in ins.operands().values():
+            if isinstance(value, isa.DramRef):
+                lo = value.span()[0]
+                if lo < base.get(value.buffer, lo + 1):
+                    base[value.buffer] = lo
+    args = {buffer: k for k, buffer in enumerate(base)}
     renamed: dict[isa.DramRef, isa.DramRef] = {}
     out = []
     for ins in instructions:
@@ -182,8 +230,11 @@ def parametrise(name: str, instructions: list[isa.Instr]) -> tuple[Block, tuple[
             if isinstance(value, isa.DramRef):
                 new = renamed.get(value)
                 if new is None:
-                    param = args.setdefault(value.buffer, param_name(len(args)))
-                    new = renamed[value] = with_fields(value, {"buffer": param})
+                    buffer = value.buffer
+                    new = renamed[value] = relocated(
+                        value, param_name(args[buffer]), value.offset - base[buffer]
+                    )
                 changes[field_name] = new
         out.append(with_fields(ins, changes) if changes else ins)
-    return Block(name, len(args), tuple(out)), tuple(args)
+    offsets = tuple(base.values())
+    return Block(name, len(args), tuple(out)), tuple(base), offsets if any(offsets) else ()

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from neuroncc.codegen.executable.blocks import (
@@ -151,6 +151,38 @@ def _needed(block: Block, waits: dict[int, dict[str, int]]) -> tuple:
     return tuple(out)
 
 
+MAX_PERIOD = 64  # iterations in the longest period a loop looks for
+
+
+@dataclass(frozen=True)
+class Part:
+    """A call of a kernel made of several (a loop's iterations): its block, buffers, offsets
+    and the queue it started at, counted from the kernel's first."""
+
+    block: int
+    args: tuple[str, ...]
+    offsets: tuple[int, ...]
+    queue: int
+
+
+@dataclass(frozen=True)
+class _LoopState:
+    """What an iteration of a loop met: the caller's state, the open kernel's pools' rotation,
+    the on-chip stacks' tops and the queues dealt so far."""
+
+    caller: Hashable
+    rotation: tuple[int, ...]
+    sbuf: int
+    psum: int
+    queue: int
+
+
+@dataclass(frozen=True)
+class _Iteration:
+    call: Call | None  # None: the iteration emitted nothing
+    state: _LoopState
+
+
 class OnChipOverflow(CodegenError):
     """A kernel's tiles do not fit SBUF or PSUM (beside what the program set aside)."""
 
@@ -186,14 +218,15 @@ class TilePool:
 
     def __init__(self, mem: str, base: int, slot_bytes: int, bufs: int) -> None:
         self.mem, self.base, self.slot_bytes, self.bufs = mem, base, slot_bytes, bufs
-        self._next = 0
+        self.state = 0  # tiles handed out
+        self.period = bufs  # a loop's period may turn it by whole rotations only
 
     def tile(self, np_: int, free: Sequence[int], dtype: DType) -> isa.TileRef:
         t = isa.TileRef(self.mem, 0, np_, 0, dtype, tuple(free))
         if t.free_bytes > self.slot_bytes or np_ > 128:
             raise CodegenError(f"tile {t} does not fit a {self.slot_bytes}-byte slot")
-        slot = self._next % self.bufs
-        self._next += 1
+        slot = self.state % self.bufs
+        self.state += 1
         return replace(t, offset=self.base + slot * self.slot_bytes)
 
 
@@ -205,6 +238,15 @@ class RingPool:
     def __init__(self, mem: str, base: int, nbytes: int) -> None:
         self.mem, self.base, self.nbytes = mem, base, nbytes
         self.position = 0  # where the next tile goes, in bytes from base
+        self.period = 0  # a loop's period may not move it (Note [instruction loops])
+
+    @property
+    def state(self) -> int:
+        return self.position
+
+    @state.setter
+    def state(self, value: int) -> None:
+        self.position = value
 
     def tile(self, np_: int, free: Sequence[int], dtype: DType) -> isa.TileRef:
         t = isa.TileRef(self.mem, 0, np_, 0, dtype, tuple(free))
@@ -237,6 +279,10 @@ class ProgramBuilder:
         self._down = False  # the next kernel's allocation direction (Note [kernel placement])
         self._queue = 0
         self._shared_queues = target.dma_queues  # the rest are set aside (reserve_queues)
+        self._kernel_calls = 0  # calls before the open kernel's first
+        self._pools: list[TilePool] = []  # the open kernel's
+        self._rings: list[RingPool] = []  # the program's
+        self.unrolled = False  # loops emit every iteration (what a compact loop must equal)
 
     # -- HBM -------------------------------------------------------------------------------
     def dram(
@@ -288,7 +334,21 @@ class ProgramBuilder:
     # -- on-chip memory ----------------------------------------------------------------------
     def sbuf_pool(self, slot_bytes: int, bufs: int = 2) -> TilePool:
         slot = -(-slot_bytes // ALIGN) * ALIGN
-        return TilePool("sbuf", self._sbuf.alloc(slot * bufs), slot, bufs)
+        return self.carve("sbuf", self._sbuf.alloc(slot * bufs), slot, bufs)
+
+    def carve(self, mem: str, base: int, slot_bytes: int, bufs: int) -> TilePool:
+        """A pool of `bufs` slots at `base`, in bytes already allocated (a bank shared by
+        smaller tiles): a loop counts its rotation in its state."""
+        pool = TilePool(mem, base, slot_bytes, bufs)
+        self._pools.append(pool)
+        return pool
+
+    def ring(self, nbytes: int) -> RingPool:
+        """A RingPool of nbytes per partition set aside at the top of SBUF for the whole
+        program (reserve_sbuf); loops count its position in their state."""
+        pool = RingPool("sbuf", self.reserve_sbuf(nbytes), nbytes)
+        self._rings.append(pool)
+        return pool
 
     def reserve_sbuf(self, nbytes: int) -> int:
         """nbytes per partition at the top of SBUF, set aside for the whole program (before
@@ -302,12 +362,12 @@ class ProgramBuilder:
 
     def psum_pool(self, bufs: int = 2) -> TilePool:
         bank = self.target.psum_bank_bytes
-        return TilePool("psum", self._psum.alloc(bank * bufs), bank, bufs)
+        return self.carve("psum", self._psum.alloc(bank * bufs), bank, bufs)
 
     @contextlib.contextmanager
     def kernel(self, name: str) -> Iterator[None]:
         """Open a kernel: what is emitted until it closes is one block (Note [blocks and
-        calls]), with waits local to it.
+        calls]), with waits local to it, or one per iteration of its loops (`loop`).
 
         Note [kernel placement]: each kernel allocates SBUF and PSUM from the other end than
         the kernel before it. Tiles are freed when their kernel closes, and the boundary waits
@@ -321,38 +381,175 @@ class ProgramBuilder:
             yield
         finally:
             self._sbuf.top, self._psum.top = sbuf_top, psum_top
-        if self._local:  # an empty kernel (a folded view) takes no bytes
+        if self._local or len(self.calls) > self._kernel_calls:  # an empty kernel takes no bytes
             self._down = not self._down
         self._close_kernel()
 
     def _open_kernel(self, name: str) -> None:
         self._open = name
+        self._kernel_calls = len(self.calls)
+        self._pools = []
+        self._open_segment()
+
+    def _open_segment(self) -> None:
         self._local = []
         self._tracker = DepTracker(self.buffers)
         self._phase = self._queue % self._shared_queues
 
+    def _close_segment(self) -> None:
+        """The open kernel's instructions so far as a block (shared with an identical one
+        built before) placed by a call; the kernel stays open."""
+        if self._local:
+            block, args, offsets = parametrise(self._open, self._local)
+            index = self._block_index.setdefault(block, len(self.blocks))
+            if index == len(self.blocks):
+                self.blocks.append(block)
+            more = len(self.calls) > self._kernel_calls
+            self.place(index, self._open, args, self._phase, offsets, more)
+        self._open_segment()
+
     def _close_kernel(self) -> None:
-        """The open kernel's instructions as a block (shared with an identical one built
-        before) placed by a call."""
         if self._open is None:
             return
-        block, args = parametrise(self._open, self._local)
-        index = self._block_index.setdefault(block, len(self.blocks))
-        if index == len(self.blocks):
-            self.blocks.append(block)
-        self.place(index, self._open, args, self._phase)
-        self._open, self._local = None, []
+        self._close_segment()
+        self._open = None
 
-    def replay_kernel(self, name: str, index: int, args: tuple[str, ...], queues: int) -> None:
-        """A kernel identical to the one block `index` was built from, placed without building
-        it (Note [kernel reuse] in kernels/reuse.py): a call of the block on `args`, and the
-        program's state moved on as building it would have (the queues it dealt, the end its
-        tiles came from)."""
+    def replay_kernel(self, name: str, parts: Sequence[Part], queues: int) -> None:
+        """A kernel identical to one built before, placed without building it (Note [kernel
+        reuse] in kernels/reuse.py): a call of each of its blocks with its buffers and
+        offsets, and the program's state moved on as building it would have (the queues it
+        dealt, the end its tiles came from)."""
         self._close_kernel()
-        self.place(index, name, args, self._queue % self._shared_queues)
-        self._queue += queues
-        if self.blocks[index].instructions:
+        start = self._queue
+        for k, part in enumerate(parts):
+            phase = (start + part.queue) % self._shared_queues
+            self.place(part.block, name, part.args, phase, part.offsets, k > 0)
+        self._queue = start + queues
+        if parts:
             self._down = not self._down
+
+    def parts_since(self, calls: int, queue: int) -> list[Part] | None:
+        """The calls placed since the program had `calls` of them, as a kernel's parts (the
+        queue each started at counted from `queue`, the queue count the kernel started at);
+        None if they are not one kernel's."""
+        placed = self.calls[calls:]
+        if any(c.more != (k > 0) for k, c in enumerate(placed)):
+            return None
+        shared = self._shared_queues
+        return [Part(c.block, c.args, c.offsets, (c.phase - queue) % shared) for c in placed]
+
+    # -- loops ------------------------------------------------------------------------------
+    def loop(
+        self, forms: Sequence[Hashable], state: Callable[[], Hashable] = tuple
+    ) -> Iterator[int]:
+        """The iterations of a loop of the open kernel that the caller must emit, in order:
+        each is a block of its own, and a run of iterations that repeats earlier ones is placed
+        as calls of their blocks without being emitted (Note [instruction loops]).
+
+        The caller's promise: iteration i's instructions are fixed by `forms[i]` (what it and
+        the neighbours it reaches into look like) and by the state it meets, with HBM
+        addresses affine in i over iterations whose forms repeat. `state()` is the state the
+        caller carries from one iteration to the next (tiles it holds, choices it made); the
+        builder adds its own (its pools' rotation, the queues dealt)."""
+        if self._open is None:
+            raise CodegenError("a loop runs inside a kernel")
+        seen: list[_Iteration] = []
+        i, n = 0, len(forms)
+        self._close_segment()
+        while i < n:
+            before = self._loop_state(state)
+            calls = len(self.calls)
+            yield i
+            self._close_segment()
+            if len(self.calls) > calls + 1:
+                raise CodegenError("a loop's iteration is one block: it may not open kernels")
+            seen.append(_Iteration(self.calls[-1] if len(self.calls) > calls else None, before))
+            i += 1
+            if not self.unrolled and i < n:
+                placed = self._repeat(seen, forms, i, self._loop_state(state))
+                if placed:
+                    i += placed
+                    self._open_segment()  # at the queue the placed iterations left
+
+    def _loop_state(self, state: Callable[[], Hashable]) -> _LoopState:
+        rotation = tuple(p.state for p in self._turning())
+        return _LoopState(state(), rotation, self._sbuf.top, self._psum.top, self._queue)
+
+    def _repeat(self, seen: list[_Iteration], forms: Sequence[Hashable], i: int, now) -> int:
+        """Place iterations i, i+1, ... as copies of the period of p iterations that just
+        repeated, for as many whole periods as the forms repeat; how many it placed."""
+        for p in range(1, min(MAX_PERIOD, len(seen) // 2) + 1):
+            if i + p > len(forms) or forms[i] != forms[i - p]:
+                continue
+            step = self._period(seen, p, now)
+            if step is None:
+                continue
+            count = 0
+            while i + count + p <= len(forms) and all(
+                forms[x] == forms[x - p] for x in range(i + count, i + count + p)
+            ):
+                count += p
+            if not count:
+                continue
+            rotation, queues, strides = step
+            for k in range(count):
+                model = seen[-p]
+                call = model.call
+                if call is not None:
+                    offsets = tuple(
+                        o + s for o, s in zip(call.offsets or (0,) * len(call.args), strides[k % p])
+                    )
+                    phase = (call.phase + queues) % self._shared_queues
+                    self.place(call.block, call.name, call.args, phase, offsets, True)
+                    call = self.calls[-1]
+                was = model.state
+                moved = tuple(r + d for r, d in zip(was.rotation, rotation, strict=True))
+                state = _LoopState(was.caller, moved, was.sbuf, was.psum, was.queue + queues)
+                seen.append(_Iteration(call, state))
+            for pool, d in zip(self._turning(), rotation, strict=True):
+                pool.state += d * (count // p)
+            self._queue += queues * (count // p)
+            return count
+        return 0
+
+    def _turning(self) -> list[TilePool | RingPool]:
+        return [*self._pools, *self._rings]
+
+    def _period(self, seen: list[_Iteration], p: int, now: _LoopState):
+        """Whether the last 2p iterations are a period of p repeated: the same blocks on the
+        same buffers from the same states, their pools turned by whole rotations; then what a
+        period moves (each pool's rotation, the queues dealt) and each iteration's offsets'
+        strides."""
+        a, b = seen[-2 * p].state, seen[-p].state
+        if not len(a.rotation) == len(b.rotation) == len(now.rotation):
+            return None  # a pool made inside the loop
+        if not (a.caller == b.caller == now.caller and a.sbuf == b.sbuf == now.sbuf):
+            return None
+        if not a.psum == b.psum == now.psum or now.queue - b.queue != b.queue - a.queue:
+            return None
+        rotation = []
+        turning = self._turning()
+        for pool, x, y, z in zip(turning, a.rotation, b.rotation, now.rotation, strict=True):
+            moved = z - y
+            if moved != y - x or (moved % pool.period if pool.period else moved):
+                return None
+            rotation.append(z - y)
+        queues = now.queue - b.queue
+        strides = []
+        for first, second in zip(seen[-2 * p : -p], seen[-p:], strict=True):
+            c1, c2 = first.call, second.call
+            if c1 is None or c2 is None:
+                if c1 is not c2:
+                    return None
+                strides.append(())
+                continue
+            if (c1.block, c1.args) != (c2.block, c2.args):
+                return None
+            if (c2.phase - c1.phase - queues) % self._shared_queues:
+                return None
+            o1, o2 = c1.offsets or (0,) * len(c1.args), c2.offsets or (0,) * len(c2.args)
+            strides.append(tuple(y - x for x, y in zip(o1, o2, strict=True)))
+        return tuple(rotation), queues, strides
 
     @property
     def direction(self) -> bool:
@@ -364,28 +561,38 @@ class ProgramBuilder:
         """DMA queues dealt out so far."""
         return self._queue
 
-    def place(self, index: int, name: str, args: tuple[str, ...], phase: int) -> None:
+    def place(
+        self,
+        index: int,
+        name: str,
+        args: tuple[str, ...],
+        phase: int,
+        offsets: tuple[int, ...] = (),
+        more: bool = False,
+    ) -> None:
         """A call of block `index`: its waits across kernels from its footprint (Note [kernel
         boundaries]), then its last touches are what later calls wait for."""
         block = self.blocks[index]
         entries, exits = block.footprint
         base = self._emitted
+        call = Call(name, index, args, phase, (), offsets if any(offsets) else (), more)
         waits: dict[int, dict[str, int]] = {}
         for touch in entries:
-            mem, box, engine = self._absolute(touch, args, phase)
+            mem, box, engine = self._absolute(touch, call)
             latest = waits.setdefault(touch.instr, {})
             self._boundary.conflicts(mem, box, touch.write, engine, latest)
         for touch in exits:
-            mem, box, engine = self._absolute(touch, args, phase)
+            mem, box, engine = self._absolute(touch, call)
             self._boundary.record_access(base + touch.instr, engine, mem, box, touch.write, base)
-        self.calls.append(Call(name, index, args, phase, _needed(block, waits)))
+        self.calls.append(with_fields(call, {"waits": _needed(block, waits)}))
         self._emitted += len(block.instructions)
 
-    def _absolute(self, touch: Touch, args: tuple[str, ...], phase: int) -> tuple[str, Box, str]:
-        engine = turn_queue(touch.engine, phase, self._shared_queues)
+    def _absolute(self, touch: Touch, call: Call) -> tuple[str, Box, str]:
+        engine = turn_queue(touch.engine, call.phase, self._shared_queues)
         if touch.mem != "hbm":
             return touch.mem, touch.box, engine
-        base = self.buffers[args[touch.param]].offset
+        buf = self.buffers[call.args[touch.param]]
+        base = buf.offset + call.offset(touch.param) * buf.dtype.itemsize
         return "hbm", (0, 1, base + touch.box[2], base + touch.box[3]), engine
 
     # -- instructions ------------------------------------------------------------------------

@@ -40,15 +40,34 @@ def describe(ins: isa.Instr) -> str:
 
 
 def listing(exe: Executable) -> str:
+    """The unrolled stream kernel by kernel, each headed by the blocks its calls place (a
+    loop's iterations: Note [instruction loops])."""
+    blocks: list[list[int]] = []  # per kernel: the blocks of its calls
+    for call in exe.calls:
+        if call.more and blocks:
+            blocks[-1].append(call.block)
+        else:
+            blocks.append([call.block])
     kernels = [
         {
             "name": k.name,
             "start": k.start,
             "stop": k.stop,
-            "block": call.block,
+            "blocks": _runs(placed),
             "instructions": [(i, exe.instructions[i]) for i in range(k.start, k.stop)],
         }
-        for k, call in zip(exe.kernels, exe.calls, strict=True)
+        for k, placed in zip(exe.kernels, blocks, strict=True)
         if k.stop > k.start
     ]
     return _template().render(exe=exe, kernels=kernels, describe=describe)
+
+
+def _runs(placed: list[int]) -> str:
+    """Block numbers with repeats counted: "3, 4 x12, 5"."""
+    runs: list[list[int]] = []
+    for b in placed:
+        if runs and runs[-1][0] == b:
+            runs[-1][1] += 1
+        else:
+            runs.append([b, 1])
+    return ", ".join(f"{b} x{n}" if n > 1 else str(b) for b, n in runs)

@@ -22,8 +22,9 @@ from neuroncc.codegen.hardware import isa
 from neuroncc.codegen.hardware.targets import get_target
 from neuroncc.ir.types import DType
 
-FORMAT_VERSION = 7  # 2: Matmul.transpose; 3: interned operands, positional rows;
-# 4: activation_reduce; 5: Matmul.tile_rows; 6: blocks and calls; 7: a table of waits
+FORMAT_VERSION = 8  # 2: Matmul.transpose; 3: interned operands, positional rows;
+# 4: activation_reduce; 5: Matmul.tile_rows; 6: blocks and calls; 7: a table of waits;
+# 8: blocks count HBM from their first element (calls' offsets), loops as runs of calls
 
 
 @dataclass(frozen=True)
@@ -84,10 +85,14 @@ class Executable:
 
     @functools.cached_property
     def kernels(self) -> tuple[Kernel, ...]:
+        """A kernel per call, with the calls that continue it (its loop's iterations)."""
         out, at = [], 0
         for call in self.calls:
             n = len(self.blocks[call.block].instructions)
-            out.append(Kernel(call.name, at, at + n))
+            if call.more and out:
+                out[-1] = Kernel(out[-1].name, out[-1].start, at + n)
+            else:
+                out.append(Kernel(call.name, at, at + n))
             at += n
         return tuple(out)
 
@@ -115,8 +120,9 @@ class Executable:
                 if outside:
                     waits[j] = outside
                 local.append(dataclasses.replace(ins, deps=inside))
-            block, args = parametrise(k.name, local)
-            calls.append(Call(k.name, len(blocks), args, 0, tuple(sorted(waits.items()))))
+            block, args, offsets = parametrise(k.name, local)
+            waits_ = tuple(sorted(waits.items()))
+            calls.append(Call(k.name, len(blocks), args, 0, waits_, offsets))
             blocks.append(block)
         # Every call at phase 0: the stream's queues stay as written, none set aside.
         queues = get_target(target).dma_queues
@@ -277,35 +283,67 @@ def _encode_executable(exe: Executable) -> dict:
 def _encode_calls(exe: Executable) -> dict:
     """The calls, each naming its waits in a table of distinct waits: a call's waits as how
     far back from the call's first instruction each waited-for instruction lies, the same
-    for every layer of a model, so that the entry does not grow with its depth."""
+    for every layer of a model, so that the entry does not grow with its depth. A loop's
+    iterations are one row (Note [instruction loops]): consecutive calls of one block whose
+    waits lie as far back, whose offsets advance by the same strides and whose queue phase
+    turns by the same step are a run, [name, block, args, phase, waits, offsets, more,
+    count, phase step, strides]."""
     table: dict[tuple, int] = {}
-    calls, base = [], 0
+    rows: list[list] = []
+    base = 0
     for c in exe.calls:
         back = tuple((j, tuple(base - i for i in ids)) for j, ids in c.waits)
-        calls.append([c.name, c.block, list(c.args), c.phase, table.setdefault(back, len(table))])
+        waits = table.setdefault(back, len(table))
+        offsets = list(c.offsets) or [0] * len(c.args)
         base += len(exe.blocks[c.block].instructions)
-    return {"calls": calls, "waits": [[[j, list(ids)] for j, ids in back] for back in table]}
+        if rows and _extends(rows[-1], c, waits, offsets, exe.shared_queues):
+            rows[-1][7] += 1
+            continue
+        rows.append([c.name, c.block, list(c.args), c.phase, waits, offsets, int(c.more), 1, 0, []])
+    return {"calls": rows, "waits": [[[j, list(ids)] for j, ids in back] for back in table]}
 
 
-def _decode_calls(d: dict, blocks: tuple[Block, ...]) -> tuple[Call, ...]:
+def _extends(row: list, c: Call, waits: int, offsets: list[int], queues: int) -> bool:
+    """Whether call c is the next iteration of the run `row` (setting the run's steps at its
+    second call)."""
+    name, block, args, phase, row_waits, first, _, count, step, strides = row
+    if (name, block, args, row_waits) != (c.name, c.block, list(c.args), waits) or not c.more:
+        return False
+    if count == 1:
+        row[8] = (c.phase - phase) % queues
+        row[9] = [o - f for o, f in zip(offsets, first, strict=True)]
+        return True
+    return c.phase == (phase + count * step) % queues and all(
+        o == f + count * s for o, f, s in zip(offsets, first, strides, strict=True)
+    )
+
+
+def _decode_calls(d: dict, blocks: tuple[Block, ...], queues: int) -> tuple[Call, ...]:
     table = [[(j, tuple(ids)) for j, ids in back] for back in d["waits"]]
     calls, base = [], 0
-    for name, block, args, phase, waits in d["calls"]:
+    for name, block, args, phase, waits, offsets, more, count, step, strides in d["calls"]:
         if not 0 <= block < len(blocks) or len(args) != blocks[block].params:
             raise ValueError("a call names a block that is not there, or binds other parameters")
+        if len(offsets) != len(args) or (count > 1 and len(strides) != len(args)) or count < 1:
+            raise ValueError(f"call {name}: offsets, strides or count do not fit its block")
         back = table[waits] if 0 <= waits < len(table) else None
-        if back is None or any(not 0 < i <= base for _, ids in back for i in ids):
-            raise ValueError(f"call {name} waits on instructions that are not before it")
-        calls.append(
-            Call(
-                name,
-                block,
-                tuple(args),
-                phase,
-                tuple((j, tuple(base - i for i in ids)) for j, ids in back),
+        args = tuple(args)
+        for k in range(count):
+            if back is None or any(not 0 < i <= base for _, ids in back for i in ids):
+                raise ValueError(f"call {name} waits on instructions that are not before it")
+            at = offsets if k == 0 else [o + k * s for o, s in zip(offsets, strides, strict=True)]
+            calls.append(
+                Call(
+                    name,
+                    block,
+                    args,
+                    (phase + k * step) % queues,
+                    tuple((j, tuple(base - i for i in ids)) for j, ids in back),
+                    tuple(at) if any(at) else (),
+                    bool(more) or k > 0,
+                )
             )
-        )
-        base += len(blocks[block].instructions)
+            base += len(blocks[block].instructions)
     return tuple(calls)
 
 
@@ -316,7 +354,7 @@ def _decode_executable(d: dict) -> Executable:
             Block(name, params, instructions)
             for (name, params, _), instructions in zip(d["blocks"], streams, strict=True)
         )
-        calls = _decode_calls(d, blocks)
+        calls = _decode_calls(d, blocks, d["shared_queues"])
         return Executable(
             name=d["name"],
             target=d["target"],
@@ -332,5 +370,5 @@ def _decode_executable(d: dict) -> Executable:
             shared_queues=d["shared_queues"],
             version=d["version"],
         )
-    except (KeyError, TypeError, IndexError) as e:
+    except (KeyError, TypeError, IndexError, ValueError) as e:
         raise ValueError(f"malformed executable: {type(e).__name__}: {e}") from None

@@ -226,6 +226,37 @@ def kernel_bytes(ap: AttentionPlan) -> int:
     return kv + blocks + 2 * u * ap.dv * od + 2 * P * (max(qd, pd) + 4) + extra
 
 
+def pool_bufs(ap: AttentionPlan) -> dict[str, int]:
+    """Buffers of emit_attention's per-block pools: at least what the pipeline needs, and
+    where a few more make a head group take whole turns of them, that many, so that the
+    pipeline's steps repeat group by group (Note [instruction loops]). Qᵀ and Q come once per
+    row block of a group, the scores, outputs and 1 / s once per block, Pᵀ once per live key
+    tile (all keys where the dead ones are not known yet: the fuse pass's check)."""
+    u, row_blocks = ap.unit, math.ceil(ap.m / P)
+    per_group = row_blocks * min(ap.group, ap.batch)
+    key_tiles = math.ceil(ap.n / P)
+    live = ap.live or [ap.n] * per_group
+    pt = sum(math.ceil(n / P) for n in live[:per_group])
+    return {
+        "q": loop_bufs(2 * u, row_blocks),
+        "qt": loop_bufs(3 * u, row_blocks),
+        "s": loop_bufs(3 * u, per_group),
+        "pt": loop_bufs(2 * u * key_tiles, pt),
+        "o": loop_bufs(2 * u, per_group),
+        "inv": loop_bufs(4 * u, per_group),
+    }
+
+
+def loop_bufs(least: int, per_period: int) -> int:
+    """Buffers for a pool a loop's period takes `per_period` tiles from: at least `least`,
+    and where up to twice as many make each period take whole turns of the pool, that many
+    (Note [instruction loops]: only then do the periods repeat)."""
+    for bufs in range(least, 2 * least + 1):
+        if per_period % bufs == 0:
+            return bufs
+    return least
+
+
 def groups_alive(ap: AttentionPlan) -> int:
     """Head groups whose Kᵀ and V are on chip at once: the pipeline (Note [attention
     pipeline]) spans SPAN steps, from the first block's Qᵀ to the last one's P V."""

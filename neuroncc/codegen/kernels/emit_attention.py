@@ -40,7 +40,6 @@ round-trip through HBM) are left unfused: the row group and matmuls then run as 
 
 from __future__ import annotations
 
-from neuroncc.codegen.executable.builder import TilePool
 from neuroncc.codegen.hardware import isa
 from neuroncc.codegen.kernels.attention_operands import load_kind, operands
 from neuroncc.codegen.kernels.attention_planner import (
@@ -50,6 +49,7 @@ from neuroncc.codegen.kernels.attention_planner import (
     groups_alive,
     kernel_bytes,
     loads_ahead,
+    pool_bufs,
     psum_banks,
     query_blocks,
 )
@@ -85,17 +85,18 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
     s_psum = b.psum_pool(bufs=s_banks)
     o_bank = b.psum_pool(bufs=1)
     o_slot = -(-dv * 4 // 64) * 64
-    o_psum = TilePool("psum", o_bank.base, o_slot, bufs=t.psum_bank_bytes // o_slot)
+    o_psum = b.carve("psum", o_bank.base, o_slot, bufs=t.psum_bank_bytes // o_slot)
     alive, u, g = groups_alive(ap), ap.unit, ap.group
     kt_pool = b.sbuf_pool(n * qdt.itemsize, bufs=alive)
     v_pool = b.sbuf_pool(dv * pdt.itemsize, bufs=alive * g * len(key_tiles))
-    q_pool = b.sbuf_pool(g * d * qdt.itemsize, bufs=2 * u)
+    bufs = pool_bufs(ap)
+    q_pool = b.sbuf_pool(g * d * qdt.itemsize, bufs=bufs["q"])
     k_pool = b.sbuf_pool(g * d * qdt.itemsize, bufs=2)
-    qt_pool = b.sbuf_pool(P * qdt.itemsize, bufs=3 * u)
-    s_pool = b.sbuf_pool(n * sdt.itemsize, bufs=3 * u)
-    pt_pool = b.sbuf_pool(P * pdt.itemsize, bufs=2 * u * len(key_tiles))
-    o_pool = b.sbuf_pool(dv * odt.itemsize, bufs=2 * u)
-    inv_pool = b.sbuf_pool(64, bufs=4 * u)
+    qt_pool = b.sbuf_pool(P * qdt.itemsize, bufs=bufs["qt"])
+    s_pool = b.sbuf_pool(n * sdt.itemsize, bufs=bufs["s"])
+    pt_pool = b.sbuf_pool(P * pdt.itemsize, bufs=bufs["pt"])
+    o_pool = b.sbuf_pool(dv * odt.itemsize, bufs=bufs["o"])
+    inv_pool = b.sbuf_pool(64, bufs=bufs["inv"])
     # The row group's pools last: nearest the previous kernel's tiles (Note [kernel
     # placement]), as the row group is the last phase to start.
     row = RowKernel(
@@ -118,7 +119,6 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
     keys = dict(zip(blocks, ap.live or [n] * len(blocks), strict=True))  # Note [dead keys]
     block_index = {blk: i for i, blk in enumerate(blocks)}
     steps = [blocks[i : i + u] for i in range(0, len(blocks), u)]
-    heads: dict[int, tuple[isa.TileRef, list[isa.TileRef]]] = {}
     tile_rows = d if g > 1 else 0  # a group's scores on TensorE's row tiles
 
     def group_of(bi: int) -> range:
@@ -135,15 +135,12 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
         for j, off in enumerate(offsets):
             b.dma(dst.cols(j * d, d), rect(ctx.buf(view.base), qdt, off, stride, rows, d))
 
-    # What each phase of a block leaves for the next: Qᵀ, the scores in PSUM, in SBUF, P, Pᵀ.
-    qts: dict[Block, isa.TileRef] = {}
-    s_ps: dict[Block, list[isa.TileRef]] = {}
-    s_sb: dict[Block, isa.TileRef] = {}
-    ps: dict[Block, isa.TileRef] = {}
-    pts: dict[Block, list[isa.TileRef]] = {}
-    inverses: dict[Block, isa.TileRef] = {}
+    # What each phase of a block leaves for the next (Qᵀ, the scores in PSUM, in SBUF, P, Pᵀ,
+    # 1 / s), by block number; and each head's Kᵀ and V by head.
+    carried = _Carried()
+    heads = carried.heads
 
-    def head(bi: int) -> tuple[isa.TileRef, list[isa.TileRef]]:
+    def head(bi: int) -> tuple[isa.TileRef, tuple[isa.TileRef, ...]]:
         """Kᵀ [D, N] and V's key tiles of batch bi, loaded once for its group: the group's
         Kᵀ one above the other in one tile (Note [head pairs])."""
         if bi not in heads:
@@ -167,19 +164,19 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
                     vt = v_pool.tile(kw, (dv,), pdt)
                     b.dma(vt, rect(ctx.buf(vv.base), pdt, off + k0 * stride, stride, kw, dv))
                     vs.append(vt)
-                heads[bj] = (k_t.partitions(j * d, d), vs)
+                heads[bj] = (k_t.partitions(j * d, d), tuple(vs))
         return heads[bi]
 
     def load_qt(blk: Block) -> None:
         """Qᵀ of the block, made for its whole group (Note [head pairs])."""
         bi, r0, rp = blk
         head(bi)
-        if blk in qts:
+        if block_index[blk] in carried.qts:
             return
         group = group_of(bi)
         qt = qt_pool.tile(len(group) * d, (rp,), qdt)
         for j, bj in enumerate(group):
-            qts[bj, r0, rp] = qt.partitions(j * d, d)
+            carried.qts[block_index[bj, r0, rp]] = qt.partitions(j * d, d)
         if folded is not None:
             for j, bj in enumerate(group):
                 b.dma(qt.partitions(j * d, d), rect(folded, qdt, bj * d * m + r0, m, d, rp))
@@ -196,9 +193,11 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
         row tile, so that TensorE runs them side by side (Note [head pairs])."""
         work = []
         for blk in step:
-            k_t, qt = heads[blk[0]][0], qts.pop(blk)
-            s_ps[blk] = [s_psum.tile(blk[2], (w,), DType.F32) for _, w in live_chunks(blk)]
-            for i, ((c0, w), dst) in enumerate(zip(live_chunks(blk), s_ps[blk], strict=True)):
+            j = block_index[blk]
+            k_t, qt = heads[blk[0]][0], carried.qts.pop(j)
+            tiles = tuple(s_psum.tile(blk[2], (w,), DType.F32) for _, w in live_chunks(blk))
+            carried.s_ps[j] = tiles
+            for i, ((c0, w), dst) in enumerate(zip(live_chunks(blk), tiles, strict=True)):
                 mm = isa.Matmul(
                     "pe",
                     dst=dst,
@@ -212,8 +211,9 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
             b.emit(mm)
 
     def score_copies(blk: Block) -> None:
-        s_sb[blk] = s = s_pool.tile(blk[2], (keys[blk],), sdt)
-        for (c0, w), src in zip(live_chunks(blk), s_ps.pop(blk), strict=True):
+        j = block_index[blk]
+        carried.s_sb[j] = s = s_pool.tile(blk[2], (keys[blk],), sdt)
+        for (c0, w), src in zip(live_chunks(blk), carried.s_ps.pop(j), strict=True):
             engine, dst = "dve", s.cols(c0, w)  # (Note [evacuation engines])
             if ap.evac is None:
                 b.emit(isa.TensorCopy(engine, dst=dst, src=src))
@@ -228,17 +228,18 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
                 rp,
                 0,
                 keys[bi, r0, rp],
-                dict.fromkeys(ap.given, s_sb.pop((bi, r0, rp))),
+                dict.fromkeys(ap.given, carried.s_sb.pop(block_index[bi, r0, rp])),
                 {sel: prefix[block_index[bi, r0, rp]] for sel, prefix in ap.true_prefix},
             )
             for bi, r0, rp in step
         ]
         for blk, tiles in zip(step, row.steps(specs), strict=True):
-            ps[blk] = tiles[ap.p_id]
+            j = block_index[blk]
+            carried.ps[j] = tiles[ap.p_id]
             if ap.zero_fill:
                 store_zeros(blk)
             if deferred is not None:
-                inverses[blk] = inv = inv_pool.tile(blk[2], (1,), DType.F32)
+                carried.inverses[j] = inv = inv_pool.tile(blk[2], (1,), DType.F32)
                 src = tiles[deferred[1]]
                 b.emit(isa.Activation("act", func="reciprocal", dst=inv, src=src))
 
@@ -259,23 +260,25 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
             b.dma(dst, zeros.rows(rp).cols(0, w))
 
     def transpose_probs(blk: Block) -> None:
-        p_tile, rp = ps.pop(blk), blk[2]
+        j = block_index[blk]
+        p_tile, rp = carried.ps.pop(j), blk[2]
         live = [(k0, kw) for k0, kw in key_tiles if k0 < keys[blk]]
-        pts[blk] = [pt_pool.tile(kw, (rp,), pdt) for _, kw in live]
-        for (k0, kw), pt in zip(live, pts[blk], strict=True):
+        carried.pts[j] = tuple(pt_pool.tile(kw, (rp,), pdt) for _, kw in live)
+        for (k0, kw), pt in zip(live, carried.pts[j], strict=True):
             transpose_p(pt, p_tile.cols(k0, kw))
 
     def times_v(blk: Block) -> None:
         bi, r0, rp = blk
-        p_tiles = pts.pop(blk)
+        j = block_index[blk]
+        p_tiles = carried.pts.pop(j)
         vs = heads[bi][1][: len(p_tiles)]
         o_ps = o_psum.tile(rp, (dv,), DType.F32)
         for i, (pt, vt) in enumerate(zip(p_tiles, vs, strict=True)):
             b.emit(isa.Matmul("pe", dst=o_ps, stationary=pt, moving=vt, accumulate=i > 0))
         ot = o_pool.tile(rp, (dv,), odt)
         engine = transpose_p.evacuation_engine()
-        if blk in inverses:  # ScalarE or VectorE: a per-partition scale
-            b.emit(isa.TensorTensor(engine, op="mul", dst=ot, a=o_ps, b=inverses.pop(blk)))
+        if j in carried.inverses:  # ScalarE or VectorE: a per-partition scale
+            b.emit(isa.TensorTensor(engine, op="mul", dst=ot, a=o_ps, b=carried.inverses.pop(j)))
         else:
             b.emit(isa.TensorCopy(engine, dst=ot, src=o_ps))
         b.dma(rect(out, odt, bi * m * dv + r0 * dv, dv, rp, dv), ot)
@@ -296,7 +299,73 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
         (2, score_matmuls),
         (-2, each(times_v)),
     )
-    for s in range(-3, len(steps) + 2):
+    first = -3  # the pipeline steps run from first to len(steps) + 1
+    reach = sorted({offset for offset, _ in phases})
+
+    def block_form(blk: Block) -> tuple:
+        j = block_index[blk]
+        group = group_of(blk[0])
+        starts = j == 0 or group_of(blocks[j - 1][0]) != group  # a new group's Kᵀ, V
+        prefix = tuple(p[j] for _, p in ap.true_prefix)
+        return (blk[2], keys[blk], prefix, len(group), blk[0] - group[0], starts)
+
+    def step_form(si: int) -> tuple | None:
+        return tuple(map(block_form, steps[si])) if 0 <= si < len(steps) else None
+
+    # Note [instruction loops]: a pipeline step is fixed by the steps its phases reach.
+    reached = {si: step_form(si) for si in range(first + reach[0], len(steps) + 2 + reach[-1])}
+    forms = [tuple(reached[s + r] for r in reach) for s in range(first, len(steps) + 2)]
+
+    def head_at(s: int) -> int:
+        return blocks[min(max(s * u, 0), len(blocks) - 1)][0]
+
+    done = first - 1  # the last pipeline step emitted
+
+    def state() -> tuple:
+        return (
+            carried.relative((done + 1) * u, head_at(done + 1)),
+            row.loop_state(),
+            transpose_p.loop_state(),
+            transpose_q.loop_state(),
+        )
+
+    for it in b.loop(forms, state):
+        s = first + it
+        if s != done + 1:  # the loop placed the steps between: carry what they would have
+            carried.shift((s - done - 1) * u, head_at(s) - head_at(done + 1))
+        if hasattr(row, "balance"):
+            row.balance.restart()
         for offset, phase in phases:
             if 0 <= s + offset < len(steps):
                 phase(steps[s + offset])
+        done = s
+
+
+class _Carried:
+    """What attention's pipeline steps leave for later ones: per block number, its Qᵀ, its
+    scores in PSUM and SBUF, P, Pᵀ and 1 / s; per head, Kᵀ and V. A loop that places steps
+    without emitting them (Note [instruction loops]) moves them on by as many blocks and heads
+    (`shift`); `relative` is what a loop compares between periods."""
+
+    NAMES = ("qts", "s_ps", "s_sb", "ps", "pts", "inverses")
+
+    def __init__(self) -> None:
+        for name in self.NAMES:
+            setattr(self, name, {})
+        self.heads: dict[int, tuple] = {}
+
+    def shift(self, blocks: int, heads: int) -> None:
+        for name in self.NAMES:
+            table = getattr(self, name)
+            moved = {j + blocks: x for j, x in table.items()}
+            table.clear()
+            table.update(moved)
+        moved = {bi + heads: x for bi, x in self.heads.items()}
+        self.heads.clear()
+        self.heads.update(moved)
+
+    def relative(self, block: int, head: int) -> tuple:
+        tables = tuple(
+            tuple((j - block, x) for j, x in getattr(self, name).items()) for name in self.NAMES
+        )
+        return (*tables, tuple((bi - head, x) for bi, x in self.heads.items()))

@@ -3,7 +3,6 @@ which also has its plan)."""
 
 from __future__ import annotations
 
-from neuroncc.codegen.executable.builder import TilePool
 from neuroncc.codegen.hardware import isa
 from neuroncc.codegen.kernels.attention_backward import BackwardPlan, Gradient
 from neuroncc.codegen.kernels.emit import EmitCtx, P
@@ -48,10 +47,10 @@ def emit_attention_backward(ctx: EmitCtx, bp: BackwardPlan) -> None:
     dp_psum = b.psum_pool(bufs=bp.dp_sets * len(chunks))
     kv_banks = b.psum_pool(bufs=bp.kv_sets * bp.kv_banks(t))
     kv_slots = kv_banks.bufs * t.psum_bank_bytes // bp.kv_slot()
-    kv_psum = TilePool("psum", kv_banks.base, bp.kv_slot(), bufs=kv_slots)
+    kv_psum = b.carve("psum", kv_banks.base, bp.kv_slot(), bufs=kv_slots)
     dq_bank = b.psum_pool(bufs=1)
     dq_slot = -(-d * 4 // 64) * 64
-    dq_psum = TilePool("psum", dq_bank.base, dq_slot, bufs=t.psum_bank_bytes // dq_slot)
+    dq_psum = b.carve("psum", dq_bank.base, dq_slot, bufs=t.psum_bank_bytes // dq_slot)
     kts = bp.key_tiles
     blocks = [(bi, r0, min(P, m - r0)) for bi in range(bp.batch) for r0 in range(0, m, P)]
 

@@ -181,6 +181,13 @@ class RowKernel:
             self.iota_pool = b.sbuf_pool(GEN_COLS * 4, bufs=2)
         self.gen_tiles: dict[tuple, isa.TileRef] = {}  # (base, pstep, fstep, rows, cols)
 
+    def loop_state(self) -> tuple:
+        """What steps carry to the next beside the pools (a loop's state, Note [instruction
+        loops]): the engines' balance and the generated tiles kept."""
+        balance = getattr(self, "balance", None)  # (none: a kernel of no rows)
+        gen_tiles = getattr(self, "gen_tiles", {})
+        return (balance and balance.state(), tuple(gen_tiles.items()))
+
     def prefetch(self, r0: int, rp: int, c0: int, f: int) -> dict[int, isa.TileRef]:
         """The full inputs of step (r0, rp, c0, f) loaded ahead of it, as its `given`."""
         p = self.p
@@ -255,6 +262,17 @@ class EngineBalancer:
         if self.t.vector_gpsimd_share_sbuf:
             engines = tuple(e for e in engines if e != "pool")
         return engines
+
+    def restart(self) -> None:
+        """Balance from here as if nothing had been placed: a loop's steps then choose alike
+        (Note [instruction loops])."""
+        self.busy = dict.fromkeys(self.busy, 0.0)
+
+    def state(self) -> tuple:
+        """How far each engine is ahead of the least busy, to the picosecond: what the next
+        choices depend on."""
+        least = min(self.busy.values())
+        return tuple(sorted((e, round(b - least, 3)) for e, b in self.busy.items()))
 
     def place(self, ins: isa.Instr) -> isa.Instr:
         options = [replace(ins, engine=e) for e in self.candidates(ins)]

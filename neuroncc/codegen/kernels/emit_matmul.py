@@ -105,6 +105,16 @@ def _blocking(ctx: EmitCtx, n: Node, largest: Blocking | None, transposes: bool)
     return Blocking(tm, tn)
 
 
+def loop_bufs(least: int, per_step: int) -> int:
+    """Buffers for a pool a loop's steps take `per_step` tiles each from: at least `least`,
+    and where a few more make each step take whole turns of the pool, that many, so that
+    every step is alike and the loop's steps repeat one by one (Note [instruction loops])."""
+    for bufs in range(least, 2 * least + 1):
+        if per_step % bufs == 0:
+            return bufs
+    return least
+
+
 def pe_matmul_ns(u: Node, t: Target) -> float:
     """The matmul u on TensorE as emit_matmul's blocked schedule runs it: one instruction per
     [128, 128] x [128, 512] block of A and B."""
@@ -173,10 +183,10 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
     # transposed 128 columns at a time.
     chunk = min(k, A_CHUNK_TILES * P)
     a_pool = b.sbuf_pool(chunk * dt.itemsize, bufs=2 * tm) if on_pe else None
-    b_pool = b.sbuf_pool(tn * nf * dt.itemsize, bufs=3)
+    b_pool = b.sbuf_pool(tn * nf * dt.itemsize, bufs=loop_bufs(3, kt_n))
     # B = W^T: W's rows for one B tile, [128, 128] at a time, each transposed into it
     w_pool = b.sbuf_pool(P * dt.itemsize, bufs=2 * tn * nf // P) if w_buf is not None else None
-    o_pool = b.sbuf_pool(nf * odt.itemsize, bufs=O_BUFS)
+    o_pool = b.sbuf_pool(nf * odt.itemsize, bufs=loop_bufs(O_BUFS, tm * tn))
     acc = b.psum_pool(bufs=tm * tn)
     blocks = [
         (bi, [(r, min(P, m - r)) for r in range(m0, min(m, m0 + tm * P), P)])
@@ -241,7 +251,29 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
     for ki in range(kt_n):
         rebuild(blocks[0], ki)
     first_b = load_b(steps[0], 0)
-    for si, step in enumerate(steps):
+
+    def shape(si: int) -> tuple | None:
+        if si == len(steps):
+            return None
+        return tuple(mt for _, mt in steps[si][1][1]), steps[si][3]
+
+    def is_last(si: int) -> bool:  # the block's last step: the next block's A^T beside it
+        bnum = steps[si][0]
+        return bnum + 1 < len(blocks) and (si + 1 == len(steps) or steps[si + 1][0] != bnum)
+
+    # Note [instruction loops]: a step is fixed by its shape, the next step's (its first B
+    # tile, the next block's A^T) and whether it ends a block.
+    forms = [(shape(si), shape(si + 1), is_last(si)) for si in range(len(steps))]
+
+    def state() -> tuple:
+        return (
+            first_b,
+            transpose and transpose.loop_state(),
+            epi.loop_state() if epi is not None else None,
+        )
+
+    for si in b.loop(forms, state):
+        step = steps[si]
         bnum, (bi, mrows), n0, width = step
         o_off = bi * m * nn
         cols = [(c, min(nf, n0 + width - c)) for c in range(n0, n0 + width, nf)]
@@ -250,8 +282,7 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
             for j, (_, mt) in enumerate(mrows)
             for c, (_, w) in enumerate(cols)
         }
-        # the block's last step: the next block's A^T is rebuilt beside it
-        last = bnum + 1 < len(blocks) and (si + 1 == len(steps) or steps[si + 1][0] != bnum)
+        last = is_last(si)
         for ki in range(kt_n):
             bt = first_b if ki == 0 else load_b(step, ki)
             for j, (_, mt) in enumerate(mrows):

@@ -5,7 +5,7 @@ with it (emit_matmul), attention Q, K and P (emit_attention), dot products their
 
 from __future__ import annotations
 
-from neuroncc.codegen.executable.builder import ProgramBuilder, TilePool
+from neuroncc.codegen.executable.builder import ProgramBuilder
 from neuroncc.codegen.hardware import isa
 from neuroncc.codegen.kernels.emit import EmitCtx, P
 from neuroncc.ir.types import DType
@@ -38,8 +38,12 @@ class PeTransposer:
         self.ident = identity(b, dtype)
         bank = b.psum_pool(bufs=banks)
         # Four [128, 128] fp32 results share one 2 KiB bank, so transposes pipeline.
-        self.psum = TilePool("psum", bank.base, P * 4, bufs=4 * banks)
+        self.psum = b.carve("psum", bank.base, P * 4, bufs=4 * banks)
         self._engine = 0
+
+    def loop_state(self) -> int:
+        """The engine the next result leaves PSUM on, where they alternate."""
+        return self._engine
 
     def __call__(self, dst: isa.TileRef, src: isa.TileRef) -> None:
         """dst[f, p] (SBUF) = src[p, f] transposed."""

@@ -24,6 +24,7 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from neuroncc.codegen.executable.builder import Part
 from neuroncc.codegen.hardware.isa import TileRef
 from neuroncc.ir.graph import Node, Value
 from neuroncc.runtime.stats import STATS
@@ -45,8 +46,7 @@ FACTS = (
 class Template:
     """A kernel as first built, in its key's numbering of values."""
 
-    block: int
-    args: tuple  # per block parameter: its buffer, canonical
+    parts: tuple[Part, ...]  # its calls (one per iteration of its loops), buffers canonical
     effects: tuple  # what the emission did to the context, canonical, in order
     queues: int  # DMA queues it dealt out
     stream_end: tuple  # where the weight stream stood after it (Note [weight stream])
@@ -199,12 +199,14 @@ def _buffer(name: str, num: _Numbering, by_id: dict[str, Value]):
     return ("buffer", num(v))
 
 
-def template_of(ctx, values: list[Value], journal: list, block: int, args, queues, stream_end):
+def template_of(ctx, values: list[Value], journal: list, parts, queues, stream_end):
     index = {v.id: k for k, v in enumerate(values)}
     num = _Fixed(index)
     return Template(
-        block,
-        tuple(_canon(a, num, ctx.buffer_values) for a in args),
+        tuple(
+            dataclasses.replace(p, args=tuple(_canon(a, num, ctx.buffer_values) for a in p.args))
+            for p in parts
+        ),
         tuple((e[0], *_canon(e[1:], num, ctx.buffer_values)) for e in journal),
         queues,
         stream_end,
@@ -267,13 +269,20 @@ def emit_once(ctx, name: str, nodes: list[Node], emit: Callable[[], None]) -> No
 
 
 def _same(a: Template, b: Template, blocks: list | None = None) -> bool:
-    """a and b alike: the same block, or (given the blocks) blocks alike but for the offsets
+    """a and b alike: the same blocks, or (given the blocks) blocks alike but for the offsets
     of their tiles."""
-    if (a.args, a.effects, a.queues, a.stream_end) != (b.args, b.effects, b.queues, b.stream_end):
+    if (a.effects, a.queues, a.stream_end) != (b.effects, b.queues, b.stream_end):
         return False
-    if blocks is None:
-        return a.block == b.block
-    return _unplaced(blocks[a.block]) == _unplaced(blocks[b.block])
+    if len(a.parts) != len(b.parts):
+        return False
+    for p, q in zip(a.parts, b.parts, strict=True):
+        if (p.args, p.offsets, p.queue) != (q.args, q.offsets, q.queue):
+            return False
+        if blocks is None and p.block != q.block:
+            return False
+        if blocks is not None and _unplaced(blocks[p.block]) != _unplaced(blocks[q.block]):
+            return False
+    return True
 
 
 def _unplaced(block) -> tuple:
@@ -303,13 +312,11 @@ def _emit_recorded(ctx, name, emit, values) -> Template | None:
             emit()
     finally:
         journal, ctx.journal = ctx.journal, None
-    if len(b.calls) != calls0 + 1:
+    parts = b.parts_since(calls0, queue0)
+    if not parts:
         return None
-    call = b.calls[-1]
     try:
-        return template_of(
-            ctx, values, journal, call.block, call.args, b.queue_count - queue0, ctx.stream_state()
-        )
+        return template_of(ctx, values, journal, parts, b.queue_count - queue0, ctx.stream_state())
     except Unkeyable:
         return None
 
@@ -317,6 +324,9 @@ def _emit_recorded(ctx, name, emit, values) -> Template | None:
 def _replay(ctx, name: str, t: Template, values: list[Value]) -> None:
     for effect in t.effects:
         ctx.replay(effect, values)
-    args = tuple(ctx.buffer_of(a, values) for a in t.args)
-    ctx.b.replay_kernel(name, t.block, args, t.queues)
+    parts = [
+        dataclasses.replace(p, args=tuple(ctx.buffer_of(a, values) for a in p.args))
+        for p in t.parts
+    ]
+    ctx.b.replay_kernel(name, parts, t.queues)
     ctx.set_stream_state(t.stream_end)

@@ -1,0 +1,200 @@
+"""Instruction loops (Note [instruction loops]): a loop's repeating iterations are placed as
+calls of the blocks built for the first, the executable is the one emitting every iteration
+gives (bit for bit, so the same numbers and the same timing), it is stored as runs of calls,
+and the race checker catches a missing wait carried from one iteration to the next."""
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from neuroncc.codegen import lower
+from neuroncc.codegen.executable.builder import ProgramBuilder
+from neuroncc.codegen.executable.program import Executable, ValueLoc
+from neuroncc.codegen.hardware import isa
+from neuroncc.codegen.hardware.targets import TRN2, get_target
+from neuroncc.errors import RaceError
+from neuroncc.frontend import compile as compile_module
+from neuroncc.ir.types import DType
+from neuroncc.runtime.simulator import run
+from neuroncc.runtime.timing import time_executable
+
+F32 = DType.F32
+COLS = 32
+
+
+def _scaled(rows: int, tile_rows: int, bufs: int, unrolled: bool) -> Executable:
+    """out = 2 * x + 1 over [rows, COLS], a loop over row tiles: load, two VectorE ops, store,
+    each iteration's tiles from pools of `bufs` slots."""
+    b = ProgramBuilder(TRN2, "scaled")
+    b.unrolled = unrolled
+    b.dram("x", (rows, COLS), F32, "input")
+    b.dram("out", (rows, COLS), F32, "output")
+    tiles = [(r0, min(tile_rows, rows - r0)) for r0 in range(0, rows, tile_rows)]
+    with b.kernel("scaled"):
+        pool = b.sbuf_pool(COLS * 4, bufs=bufs)
+        for i in b.loop([p for _, p in tiles]):
+            r0, p = tiles[i]
+            src = isa.DramRef("x", r0 * COLS, F32, ((COLS, p), (1, COLS)))
+            dst = isa.DramRef("out", r0 * COLS, F32, ((COLS, p), (1, COLS)))
+            t, u = pool.tile(p, (COLS,), F32), pool.tile(p, (COLS,), F32)
+            b.dma(t, src)
+            b.emit(isa.TensorScalar("dve", op="mul", dst=u, src=t, scalar=2.0))
+            b.emit(isa.TensorScalar("act", op="add", dst=t, src=u, scalar=1.0))
+            b.dma(dst, t)
+    loc = [ValueLoc("x", (rows, COLS), F32), ValueLoc("out", (rows, COLS), F32)]
+    return b.finish(loc[:1], loc[1:])
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(0, 700),
+    tile_rows=st.sampled_from([1, 7, 64, 128]),
+    bufs=st.integers(2, 5),
+)
+def test_a_compact_loop_is_the_unrolled_loop(rows, tile_rows, bufs):
+    """Partial last tiles, one iteration, none: the compact executable equals the unrolled
+    one, computes 2x + 1 without a race, and times the same."""
+    compact, unrolled = (_scaled(rows, tile_rows, bufs, u) for u in (False, True))
+    assert compact == unrolled
+    assert compact.instructions == unrolled.instructions
+    x = np.random.default_rng(rows).standard_normal((rows, COLS)).astype(np.float32)
+    (got,) = run(compact, [x], TRN2)
+    np.testing.assert_array_equal(got, 2 * x + 1)
+    back = Executable.from_json(compact.to_json())
+    assert back == compact
+    assert time_executable(back, TRN2).device_ns == time_executable(unrolled, TRN2).device_ns
+
+
+def test_a_long_loop_builds_a_few_iterations_and_stores_one_run():
+    exe = _scaled(128 * 64, 128, 2, unrolled=False)
+    assert len(exe.calls) == 64 and all(c.more for c in exe.calls[1:])
+    built = sum(len(b.instructions) for b in exe.blocks)
+    assert built <= 3 * 4 < len(exe.instructions) == 64 * 4
+    rows = json.loads(exe.to_json())["calls"]
+    assert len(rows) <= 3 and sum(r[7] for r in rows) == 64  # runs: [..., count, step, strides]
+    assert {c.offsets[0] for c in exe.calls[2:]} == {128 * COLS * i for i in range(2, 64)}
+
+
+def test_a_run_that_does_not_fit_its_block_is_rejected():
+    data = json.loads(_scaled(128 * 8, 128, 2, unrolled=False).to_json())
+    run_row = max(data["calls"], key=lambda r: r[7])
+    run_row[9] = run_row[9][:-1]  # a stride short
+    with pytest.raises(ValueError, match="malformed executable"):
+        Executable.from_data(data)
+
+
+def test_a_missing_wait_carried_across_iterations_is_a_race():
+    """Iteration i + 1 loads into the slot iteration i - 1 stored from (two slots): the wait
+    on that store is carried by the loop; without it the checker reports the race."""
+    exe = _scaled(128 * 8, 128, 2, unrolled=False)
+    k = next(k for k, c in enumerate(exe.calls) if k > 2 and c.waits)
+    broken = replace(
+        exe, calls=(*exe.calls[:k], replace(exe.calls[k], waits=()), *exe.calls[k + 1 :])
+    )
+    x = np.ones((128 * 8, COLS), np.float32)
+    run(exe, [x], TRN2)
+    with pytest.raises(RaceError):
+        run(broken, [x], TRN2)
+
+
+@pytest.fixture
+def both_ways(monkeypatch):
+    """Every graph emitted with compact loops and unrolled: the executables must be equal."""
+    compared = []
+
+    def emit_graph(g, target, reuse=True):
+        compact = lower.emit_graph(g, target, reuse)
+        assert compact == lower.emit_graph(g, target, reuse, unrolled=True), g.name
+        compared.append((g.name, compact))
+        return compact
+
+    monkeypatch.setattr(compile_module, "emit_graph", emit_graph)
+    return compared
+
+
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    m=st.sampled_from([1, 130, 640, 1024, 1536]),
+    k=st.sampled_from([64, 384, 1000, 2048]),
+    n=st.sampled_from([96, 700, 1536, 4096]),
+    epilogue=st.booleans(),
+    bf16=st.booleans(),
+    target=st.sampled_from(["trn1", "trn2"]),
+)
+def test_matmul_loops_equal_their_unrolled_form(fresh, both_ways, m, k, n, epilogue, bf16, target):
+    dtype = torch.bfloat16 if bf16 else torch.float32
+
+    def f(a, w, r):
+        y = torch.nn.functional.linear(a, w)
+        return torch.nn.functional.gelu(y) + r if epilogue else y
+
+    args = (torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype))
+    args = (*args, torch.randn(m, n, dtype=dtype))
+    opts = {"timing_only": True, "target": target, "disk_cache": False}
+    torch._dynamo.reset()
+    torch.compile(f, backend="neuron", options=opts)(*args)
+    assert both_ways
+
+
+def test_a_big_matmul_builds_a_fraction_of_its_steps(fresh, both_ways):
+    """4096 x 2048 x 8192 in bf16: most steps are placed, not built, and the simulator's
+    numbers (a smaller one, run for real) match PyTorch's."""
+    a, w = (
+        torch.randn(4096, 2048, dtype=torch.bfloat16),
+        torch.randn(8192, 2048, dtype=torch.bfloat16),
+    )
+    opts = {"timing_only": True, "target": "trn2", "disk_cache": False}
+    torch.compile(lambda a, w: a @ w.T, backend="neuron", options=opts)(a, w)
+    (_, exe), *_ = both_ways
+    built = sum(len(b.instructions) for b in exe.blocks)
+    assert built < len(exe.instructions) / 3
+    assert time_executable(exe, get_target("trn2")).device_ns > 0
+    torch._dynamo.reset()
+    a, w = torch.randn(1024, 256), torch.randn(768, 256)
+    got = torch.compile(lambda a, w: a @ w.T, backend="neuron", options={"disk_cache": False})(a, w)
+    torch.testing.assert_close(got, a @ w.T, rtol=1e-4, atol=1e-4)
+
+
+@settings(
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    seq=st.sampled_from([256, 640, 1024]),
+    heads=st.sampled_from([3, 4, 6]),
+    dim=st.sampled_from([64, 128]),
+    causal=st.booleans(),
+)
+def test_attention_loops_equal_their_unrolled_form(fresh, both_ways, seq, heads, dim, causal):
+    """The attention kernel's pipeline steps (Note [attention pipeline]) repeat head group by
+    head group; its carried tiles move on with the steps the loop places."""
+
+    def f(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    args = tuple(torch.randn(1, heads, seq, dim, dtype=torch.bfloat16) for _ in range(3))
+    opts = {"timing_only": True, "target": "trn2", "disk_cache": False}
+    torch._dynamo.reset()
+    torch.compile(f, backend="neuron", options=opts)(*args)
+    assert both_ways
+
+
+def test_attention_built_once_per_head_group_runs_right(fresh, both_ways):
+    """32 heads of 512, causal: the kernel builds a few head groups' steps and places the
+    rest, and the simulator, running what was placed, gives PyTorch's numbers."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 32, 512, 64) for _ in range(3))
+
+    def f(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    got = torch.compile(f, backend="neuron", options={"disk_cache": False})(q, k, v)
+    torch.testing.assert_close(got, f(q, k, v), rtol=2e-4, atol=2e-4)
+    exe = max((e for _, e in both_ways), key=lambda e: len(e.instructions))
+    assert sum(len(b.instructions) for b in exe.blocks) < len(exe.instructions) / 2
