@@ -181,6 +181,7 @@ class _LoopState:
 class _Iteration:
     call: Call | None  # None: the iteration emitted nothing
     state: _LoopState
+    index: int = -1  # the call's, in the program's calls
 
 
 class OnChipOverflow(CodegenError):
@@ -281,6 +282,9 @@ class ProgramBuilder:
         self._shared_queues = target.dma_queues  # the rest are set aside (reserve_queues)
         self._kernel_calls = 0  # calls before the open kernel's first
         self._pools: list[TilePool] = []  # the open kernel's
+        self._loop_waits: dict[int, tuple[int, dict]] | None = None  # Note [placed iterations]
+        self._loop_start = 0  # the running loop's first instruction
+        self._bases: list[int] = []  # per call: its first instruction's id
         self._rings: list[RingPool] = []  # the program's
         self.unrolled = False  # loops emit every iteration (what a compact loop must equal)
 
@@ -451,25 +455,32 @@ class ProgramBuilder:
         addresses affine in i over iterations whose forms repeat. `state()` is the state the
         caller carries from one iteration to the next (tiles it holds, choices it made); the
         builder adds its own (its pools' rotation, the queues dealt)."""
-        if self._open is None:
-            raise CodegenError("a loop runs inside a kernel")
+        if self._open is None or self._loop_waits is not None:
+            raise CodegenError("a loop runs inside a kernel, and not inside another loop")
         seen: list[_Iteration] = []
         i, n = 0, len(forms)
         self._close_segment()
-        while i < n:
-            before = self._loop_state(state)
-            calls = len(self.calls)
-            yield i
-            self._close_segment()
-            if len(self.calls) > calls + 1:
-                raise CodegenError("a loop's iteration is one block: it may not open kernels")
-            seen.append(_Iteration(self.calls[-1] if len(self.calls) > calls else None, before))
-            i += 1
-            if not self.unrolled and i < n:
-                placed = self._repeat(seen, forms, i, self._loop_state(state))
-                if placed:
-                    i += placed
-                    self._open_segment()  # at the queue the placed iterations left
+        self._loop_waits, self._loop_start = {}, self._emitted
+        try:
+            while i < n:
+                before = self._loop_state(state)
+                calls = len(self.calls)
+                yield i
+                self._close_segment()
+                if len(self.calls) > calls + 1:
+                    raise CodegenError("a loop's iteration is one block: it may not open kernels")
+                if len(self.calls) > calls:
+                    seen.append(_Iteration(self.calls[-1], before, len(self.calls) - 1))
+                else:
+                    seen.append(_Iteration(None, before))
+                i += 1
+                if not self.unrolled and i < n:
+                    placed = self._repeat(seen, forms, i, self._loop_state(state))
+                    if placed:
+                        i += placed
+                        self._open_segment()  # at the queue the placed iterations left
+        finally:
+            self._loop_waits = None
 
     def _loop_state(self, state: Callable[[], Hashable]) -> _LoopState:
         rotation = tuple(p.state for p in self._turning())
@@ -492,20 +503,30 @@ class ProgramBuilder:
             if not count:
                 continue
             rotation, queues, strides = step
+            # Note [placed iterations]: with the queues dealt in whole turns, waits on chip
+            # are the model's moved on by the period
+            same_queues = queues % self._shared_queues == 0
+            deferred: list[int] = []  # calls whose last touches on chip are not recorded yet
             for k in range(count):
                 model = seen[-p]
-                call = model.call
+                call, index = model.call, -1
                 if call is not None:
                     offsets = tuple(
                         o + s for o, s in zip(call.offsets or (0,) * len(call.args), strides[k % p])
                     )
                     phase = (call.phase + queues) % self._shared_queues
-                    self.place(call.block, call.name, call.args, phase, offsets, True)
-                    call = self.calls[-1]
+                    waits = self._moved_on(model.index, self._emitted) if same_queues else None
+                    if waits is None:  # looked up in full: on what the period before left
+                        self._record_deferred(deferred, p)
+                    self.place(call.block, call.name, call.args, phase, offsets, True, waits)
+                    call, index = self.calls[-1], len(self.calls) - 1
+                    if waits is not None:
+                        deferred.append(index)
                 was = model.state
                 moved = tuple(r + d for r, d in zip(was.rotation, rotation, strict=True))
                 state = _LoopState(was.caller, moved, was.sbuf, was.psum, was.queue + queues)
-                seen.append(_Iteration(call, state))
+                seen.append(_Iteration(call, state, index))
+            self._record_deferred(deferred, p)
             for pool, d in zip(self._turning(), rotation, strict=True):
                 pool.state += d * (count // p)
             self._queue += queues * (count // p)
@@ -569,23 +590,83 @@ class ProgramBuilder:
         phase: int,
         offsets: tuple[int, ...] = (),
         more: bool = False,
+        on_chip: dict[int, dict[str, int]] | None = None,
     ) -> None:
         """A call of block `index`: its waits across kernels from its footprint (Note [kernel
-        boundaries]), then its last touches are what later calls wait for."""
+        boundaries]), then its last touches are what later calls wait for. `on_chip`: its
+        waits on chip, known (Note [placed iterations]); its last touches on chip are then
+        left for the caller to record."""
         block = self.blocks[index]
-        entries, exits = block.footprint
         base = self._emitted
         call = Call(name, index, args, phase, (), offsets if any(offsets) else (), more)
-        waits: dict[int, dict[str, int]] = {}
-        for touch in entries:
+        known = on_chip is not None
+        on_chip = on_chip if known else {}
+        hbm: dict[int, dict[str, int]] = {}
+        for touch in block.footprint[0]:
+            if known and touch.mem != "hbm":
+                continue
             mem, box, engine = self._absolute(touch, call)
-            latest = waits.setdefault(touch.instr, {})
+            latest = (hbm if mem == "hbm" else on_chip).setdefault(touch.instr, {})
             self._boundary.conflicts(mem, box, touch.write, engine, latest)
-        for touch in exits:
-            mem, box, engine = self._absolute(touch, call)
-            self._boundary.record_access(base + touch.instr, engine, mem, box, touch.write, base)
-        self.calls.append(with_fields(call, {"waits": _needed(block, waits)}))
+        self.calls.append(call)
+        self._bases.append(base)
         self._emitted += len(block.instructions)
+        self._record_exits(len(self.calls) - 1, on_chip=not known, hbm=True)
+        waits = {j: dict(latest) for j, latest in on_chip.items() if latest}
+        for j, latest in hbm.items():
+            merged = waits.setdefault(j, {})
+            for e, i in latest.items():
+                merged[e] = max(merged.get(e, -1), i)
+        self.calls[-1] = with_fields(call, {"waits": _needed(block, waits)})
+        if self._loop_waits is not None:
+            self._loop_waits[len(self.calls) - 1] = (base, on_chip)
+
+    def _record_deferred(self, deferred: list[int], p: int) -> None:
+        """Record the last touches on chip of the last period's calls among `deferred` (the
+        periods before are superseded by it: Note [placed iterations]), and forget them."""
+        for k in deferred:
+            if k >= len(self.calls) - p:  # (an iteration is one call or none)
+                self._record_exits(k, on_chip=True)
+        deferred.clear()
+
+    def _moved_on(self, like: int, base: int) -> dict[int, dict[str, int]] | None:
+        """The waits on chip of call `like` moved on to a call at `base` a period later, if
+        each lies before the loop or within the two periods before the model (Note [placed
+        iterations]); None otherwise."""
+        before, waits = self._loop_waits[like]
+        shift, start = base - before, self._loop_start
+        window = before - shift  # the model's period before
+        moved = {}
+        for j, latest in waits.items():
+            out = {}
+            for e, i in latest.items():
+                if start <= i < window:
+                    return None
+                out[e] = i + shift if i >= start else i
+            moved[j] = out
+        return moved
+
+    # Note [placed iterations]: placing a call costs a lookup and a record per region its block
+    # touches, about one per instruction, where a loop places thousands of calls. A call placed
+    # a period after its model (the same block), with the queues dealt in whole turns so that
+    # the period's engines are the same, meets on chip what its model met moved on by the
+    # period: the same tiles, last touched by the same instructions of the period before, or
+    # before the loop by an instruction the periods between did not supersede. So its waits on
+    # chip are the model's moved on, where each lies in the two periods before the model or
+    # before the loop (otherwise it is looked up in full); its HBM waits, whose addresses
+    # moved, are looked up. Its last touches on chip are recorded only for the last period
+    # placed: each period's touch the same tiles the same way and supersede the period
+    # before's. `emit_graph(..., unrolled=True)` looks every call up in full: the tests
+    # compare the two executables.
+    def _record_exits(self, k: int, on_chip: bool, hbm: bool = False) -> None:
+        """Call k's last touches (on chip, in HBM or both): what later calls wait for."""
+        call, base = self.calls[k], self._bases[k]
+        for touch in self.blocks[call.block].footprint[1]:
+            if on_chip if touch.mem != "hbm" else hbm:
+                mem, box, engine = self._absolute(touch, call)
+                self._boundary.record_access(
+                    base + touch.instr, engine, mem, box, touch.write, base
+                )
 
     def _absolute(self, touch: Touch, call: Call) -> tuple[str, Box, str]:
         engine = turn_queue(touch.engine, call.phase, self._shared_queues)
