@@ -56,9 +56,24 @@ def emit_fused(
     # (With two rounds in flight the load would wait for the step ahead to finish anyway.)
     early = kernel.rounds >= 3
     loaded = kernel.prefetch(*steps[0]) if early else {}
-    for i, step in enumerate(steps):
+    periods = [v.type.numel // p.cols for v in _inputs(nodes) if p.kind.get(v.id) == "period"]
+
+    def shape(i: int) -> tuple | None:
+        if i == len(steps):
+            return None
+        r0, rp, c0, f = steps[i]
+        return rp, c0, f, r0 == 0, tuple(r0 % n for n in periods)
+
+    # Note [instruction loops]: a step is fixed by its shape, where it lies in its row (and in
+    # a repeating input's rows) and the next step's shape (its loads ahead).
+    forms = [(shape(i), shape(i + 1)) for i in range(len(steps))]
+
+    def state() -> tuple:
+        return tuple(loaded.items()), kernel.loop_state()
+
+    for i in ctx.b.loop(forms, state):
         ahead = kernel.prefetch(*steps[i + 1]) if early and i + 1 < len(steps) else {}
-        kernel.step(*step, loaded)
+        kernel.step(*steps[i], loaded)
         loaded = ahead
 
 
@@ -498,6 +513,11 @@ def _load_period(ctx, v: Value, t: isa.TileRef, r0: int, rp: int, c0: int, f: in
         dst = replace(t, p0=t.p0 + done, np=run)
         ctx.b.dma(dst, rect(ctx.buf(v), v.type.dtype, src_row * cols + c0, cols, run, f))
         done += run
+
+
+def _inputs(nodes: Sequence[Node]) -> list[Value]:
+    """The values the nodes read, each once."""
+    return list({v.id: v for n in nodes for v in n.inputs}.values())
 
 
 def _value(nodes: Sequence[Node], vid: int) -> Value:

@@ -198,3 +198,32 @@ def test_attention_built_once_per_head_group_runs_right(fresh, both_ways):
     torch.testing.assert_close(got, f(q, k, v), rtol=2e-4, atol=2e-4)
     exe = max((e for _, e in both_ways), key=lambda e: len(e.instructions))
     assert sum(len(b.instructions) for b in exe.blocks) < len(exe.instructions) / 2
+
+
+@settings(
+    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    rows=st.sampled_from([1, 300, 2000, 4100]),
+    cols=st.sampled_from([64, 1000, 4096]),
+    kind=st.sampled_from(["layernorm", "rmsnorm", "softmax", "gelu", "positions"]),
+)
+def test_row_kernel_loops_equal_their_unrolled_form(fresh, both_ways, rows, cols, kind):
+    """Row kernels' steps, whole rows or column chunks, with a table whose rows repeat (a
+    position embedding added to every sequence)."""
+    torch.manual_seed(0)
+    norm = torch.nn.LayerNorm(cols)
+    table = torch.randn(100, cols)
+    fns = {
+        "layernorm": norm,
+        "rmsnorm": lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6),
+        "softmax": lambda x: torch.softmax(x, -1),
+        "gelu": lambda x: torch.nn.functional.gelu(x) * 2,
+        "positions": lambda x: (
+            (x.view(-1, 100, cols) + table).view(-1, cols) if rows % 100 == 0 else x + 1
+        ),
+    }
+    opts = {"timing_only": True, "target": "trn2", "disk_cache": False}
+    torch._dynamo.reset()
+    torch.compile(fns[kind], backend="neuron", options=opts)(torch.randn(rows, cols))
+    assert both_ways
