@@ -152,6 +152,12 @@ def _needed(block: Block, waits: dict[int, dict[str, int]]) -> tuple:
 
 
 MAX_PERIOD = 64  # iterations in the longest period a loop looks for
+# Iterations a loop needs to be built an iteration at a time. Each iteration is then a call,
+# and placing a call costs a lookup per tile its block touches, about what tracking its
+# instructions costs: shorter loops gain too little, and a kernel replayed from a template
+# (Note [kernel reuse]) places every one of its calls again (a 16-layer Llama at seq 512 took
+# 37 s to compile with loops from 16 iterations on, against 22 s without).
+MIN_LOOP = 128
 
 
 @dataclass(frozen=True)
@@ -459,6 +465,9 @@ class ProgramBuilder:
             raise CodegenError("a loop runs inside a kernel, and not inside another loop")
         seen: list[_Iteration] = []
         i, n = 0, len(forms)
+        if n < MIN_LOOP:  # too short to repeat much: one block with the rest of the kernel
+            yield from range(n)
+            return
         self._close_segment()
         self._loop_waits, self._loop_start = {}, self._emitted
         try:

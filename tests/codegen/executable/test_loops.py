@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from neuroncc.codegen import lower
+from neuroncc.codegen.executable import builder
 from neuroncc.codegen.executable.builder import ProgramBuilder
 from neuroncc.codegen.executable.program import Executable, ValueLoc
 from neuroncc.codegen.hardware import isa
@@ -25,6 +26,13 @@ from neuroncc.runtime.timing import time_executable
 
 F32 = DType.F32
 COLS = 32
+
+
+@pytest.fixture(autouse=True)
+def short_loops(monkeypatch):
+    """Every loop of two iterations or more built an iteration at a time (the compiler waits
+    for longer loops: builder.MIN_LOOP), so that small shapes exercise the mechanism."""
+    monkeypatch.setattr(builder, "MIN_LOOP", 2)
 
 
 def _scaled(rows: int, tile_rows: int, bufs: int, unrolled: bool) -> Executable:
@@ -81,7 +89,7 @@ def test_a_long_loop_builds_a_few_iterations_and_stores_one_run():
 
 
 def test_a_run_that_does_not_fit_its_block_is_rejected():
-    data = json.loads(_scaled(128 * 8, 128, 2, unrolled=False).to_json())
+    data = json.loads(_scaled(128 * 32, 128, 2, unrolled=False).to_json())
     run_row = max(data["calls"], key=lambda r: r[7])
     run_row[9] = run_row[9][:-1]  # a stride short
     with pytest.raises(ValueError, match="malformed executable"):
@@ -91,12 +99,12 @@ def test_a_run_that_does_not_fit_its_block_is_rejected():
 def test_a_missing_wait_carried_across_iterations_is_a_race():
     """Iteration i + 1 loads into the slot iteration i - 1 stored from (two slots): the wait
     on that store is carried by the loop; without it the checker reports the race."""
-    exe = _scaled(128 * 8, 128, 2, unrolled=False)
+    exe = _scaled(128 * 32, 128, 2, unrolled=False)
     k = next(k for k, c in enumerate(exe.calls) if k > 2 and c.waits)
     broken = replace(
         exe, calls=(*exe.calls[:k], replace(exe.calls[k], waits=()), *exe.calls[k + 1 :])
     )
-    x = np.ones((128 * 8, COLS), np.float32)
+    x = np.ones((128 * 32, COLS), np.float32)
     run(exe, [x], TRN2)
     with pytest.raises(RaceError):
         run(broken, [x], TRN2)
