@@ -24,7 +24,7 @@ without running the emitter: what a kernel builds grows with its distinct iterat
 with the size of its tensors. The executable stores such calls as one run (program.py), so
 its size does not grow either; the timing model's memo times a repeated call once (Note
 [timing by call]); `emit_graph(..., unrolled=True)` emits every iteration and must give the
-same executable. Only loops of MIN_LOOP iterations or more (builder.py) are built this way:
+same executable. Only loops of MIN_LOOP iterations or more (loops.py) are built this way:
 each call costs a lookup per tile it touches, so short loops gain too little and a kernel
 replayed from a template places its calls again. Waits between iterations are the boundary
 waits below: exact for on-chip

@@ -219,24 +219,26 @@ def kernel_bytes(ap: AttentionPlan) -> int:
     od = ap.out.out.type.dtype.itemsize
     key_tiles = math.ceil(ap.n / P)
     kv = groups_alive(ap) * (ap.n * qd + ap.group * key_tiles * ap.dv * pd)
-    u, gd = ap.unit, ap.group * ap.d  # a group's Q and K rows are [rows, group * D]
-    blocks = 2 * gd * qd + u * (2 * gd * qd + 3 * P * qd + 3 * ap.n * sd + 2 * key_tiles * P * pd)
-    inverses = 4 * u * 64  # 1 / row sum of the steps in flight (`deferred`)
+    gd = ap.group * ap.d  # a group's Q and K rows are [rows, group * D]
+    bufs = pool_bufs(ap)
+    blocks = 2 * gd * qd + bufs["q"] * gd * qd + bufs["qt"] * P * qd + bufs["s"] * ap.n * sd
+    blocks += bufs["pt"] * P * pd
+    inverses = bufs["inv"] * 64  # 1 / row sum of the steps in flight (`deferred`)
     extra = inverses + GENERATED_BYTES + ZERO_COLS * pd  # (a generated mask, zeros of P)
-    return kv + blocks + 2 * u * ap.dv * od + 2 * P * (max(qd, pd) + 4) + extra
+    return kv + blocks + bufs["o"] * ap.dv * od + 2 * P * (max(qd, pd) + 4) + extra
 
 
 def pool_bufs(ap: AttentionPlan) -> dict[str, int]:
     """Buffers of emit_attention's per-block pools: at least what the pipeline needs, and
     where a few more make a head group take whole turns of them, that many, so that the
     pipeline's steps repeat group by group (Note [instruction loops]). Qᵀ and Q come once per
-    row block of a group, the scores, outputs and 1 / s once per block, Pᵀ once per live key
-    tile (all keys where the dead ones are not known yet: the fuse pass's check)."""
+    row block of a group, the scores, outputs and 1 / s once per block, Pᵀ once per key
+    tile. The sizes read only the shapes, so the fuse pass's check (kernel_bytes, before the
+    dead keys are known) counts what the kernel takes."""
     u, row_blocks = ap.unit, math.ceil(ap.m / P)
     per_group = row_blocks * min(ap.group, ap.batch)
     key_tiles = math.ceil(ap.n / P)
-    live = ap.live or [ap.n] * per_group
-    pt = sum(math.ceil(n / P) for n in live[:per_group])
+    pt = per_group * key_tiles
     return {
         "q": loop_bufs(2 * u, row_blocks),
         "qt": loop_bufs(3 * u, row_blocks),

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from neuroncc.codegen import lower
-from neuroncc.codegen.executable import builder
+from neuroncc.codegen.executable import loops
 from neuroncc.codegen.executable.builder import ProgramBuilder
 from neuroncc.codegen.executable.program import Executable, ValueLoc
 from neuroncc.codegen.hardware import isa
@@ -31,8 +31,8 @@ COLS = 32
 @pytest.fixture(autouse=True)
 def short_loops(monkeypatch):
     """Every loop of two iterations or more built an iteration at a time (the compiler waits
-    for longer loops: builder.MIN_LOOP), so that small shapes exercise the mechanism."""
-    monkeypatch.setattr(builder, "MIN_LOOP", 2)
+    for longer loops: loops.MIN_LOOP), so that small shapes exercise the mechanism."""
+    monkeypatch.setattr(loops, "MIN_LOOP", 2)
 
 
 def _scaled(rows: int, tile_rows: int, bufs: int, unrolled: bool) -> Executable:
@@ -194,13 +194,14 @@ def test_attention_loops_equal_their_unrolled_form(fresh, both_ways, seq, heads,
 
 
 def test_attention_built_once_per_head_group_runs_right(fresh, both_ways):
-    """32 heads of 512, causal: the kernel builds a few head groups' steps and places the
-    rest, and the simulator, running what was placed, gives PyTorch's numbers."""
+    """32 heads of 512, not causal (causal masks leave fewer key tiles per group than turn
+    the Pᵀ pool whole: a longer period): the kernel builds a few head groups' steps and
+    places the rest, and the simulator, running what was placed, gives PyTorch's numbers."""
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 32, 512, 64) for _ in range(3))
 
     def f(q, k, v):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
 
     got = torch.compile(f, backend="neuron", options={"disk_cache": False})(q, k, v)
     torch.testing.assert_close(got, f(q, k, v), rtol=2e-4, atol=2e-4)

@@ -1,0 +1,217 @@
+"""Instruction loops: a kernel's loop built an iteration at a time, its repeating iterations
+placed as calls of the blocks built for the first (Note [instruction loops] in blocks.py,
+Note [placed iterations] below). ProgramBuilder takes these methods from LoopBuilder; they
+read and move its calls, pools and queues."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from neuroncc.codegen.executable.blocks import Call
+from neuroncc.errors import CodegenError
+
+if TYPE_CHECKING:
+    from neuroncc.codegen.executable.builder import RingPool, TilePool
+
+MAX_PERIOD = 64  # iterations in the longest period a loop looks for
+# Iterations a loop needs to be built an iteration at a time. Each iteration is then a call,
+# and placing a call costs a lookup per tile its block touches, about what tracking its
+# instructions costs: shorter loops gain too little, and a kernel replayed from a template
+# (Note [kernel reuse]) places every one of its calls again (a 16-layer Llama at seq 512 took
+# 37 s to compile with loops from 16 iterations on, against 22 s without).
+MIN_LOOP = 128
+
+# Note [placed iterations]: placing a call costs a lookup and a record per region its block
+# touches, about one per instruction, where a loop places thousands of calls. A call placed
+# a period after its model (the same block), with the queues dealt in whole turns so that
+# the period's engines are the same, meets on chip what its model met moved on by the
+# period: the same tiles, last touched by the same instructions of the period before, or
+# before the loop by an instruction the periods between did not supersede. So its waits on
+# chip are the model's moved on, where each lies in the two periods before the model or
+# before the loop (otherwise it is looked up in full); its HBM waits, whose addresses
+# moved, are looked up. Its last touches on chip are recorded only for the last period
+# placed: each period's touch the same tiles the same way and supersede the period
+# before's. `emit_graph(..., unrolled=True)` looks every call up in full: the tests
+# compare the two executables.
+
+
+@dataclass(frozen=True)
+class _LoopState:
+    """What an iteration of a loop met: the caller's state, the open kernel's pools' rotation,
+    the on-chip stacks' tops and the queues dealt so far."""
+
+    caller: Hashable
+    rotation: tuple[int, ...]
+    sbuf: int
+    psum: int
+    queue: int
+
+
+@dataclass(frozen=True)
+class _Iteration:
+    call: Call | None  # None: the iteration emitted nothing
+    state: _LoopState
+    index: int = -1  # the call's, in the program's calls
+
+
+class LoopBuilder:
+    """ProgramBuilder's loops."""
+
+    def loop(
+        self, forms: Sequence[Hashable], state: Callable[[], Hashable] = tuple
+    ) -> Iterator[int]:
+        """The iterations of a loop of the open kernel that the caller must emit, in order:
+        each is a block of its own, and a run of iterations that repeats earlier ones is placed
+        as calls of their blocks without being emitted (Note [instruction loops]).
+
+        The caller's promise: iteration i's instructions are fixed by `forms[i]` (what it and
+        the neighbours it reaches into look like) and by the state it meets, with HBM
+        addresses affine in i over iterations whose forms repeat. `state()` is the state the
+        caller carries from one iteration to the next (tiles it holds, choices it made); the
+        builder adds its own (its pools' rotation, the queues dealt)."""
+        if self._open is None or self._loop_waits is not None:
+            raise CodegenError("a loop runs inside a kernel, and not inside another loop")
+        seen: list[_Iteration] = []
+        i, n = 0, len(forms)
+        if n < MIN_LOOP:  # too short to repeat much: one block with the rest of the kernel
+            yield from range(n)
+            return
+        self._close_segment()
+        self._loop_waits, self._loop_start = {}, self._emitted
+        try:
+            while i < n:
+                before = self._loop_state(state)
+                calls = len(self.calls)
+                yield i
+                self._close_segment()
+                if len(self.calls) > calls + 1:
+                    raise CodegenError("a loop's iteration is one block: it may not open kernels")
+                if len(self.calls) > calls:
+                    seen.append(_Iteration(self.calls[-1], before, len(self.calls) - 1))
+                else:
+                    seen.append(_Iteration(None, before))
+                i += 1
+                if not self.unrolled and i < n:
+                    placed = self._repeat(seen, forms, i, self._loop_state(state))
+                    if placed:
+                        i += placed
+                        self._open_segment()  # at the queue the placed iterations left
+        finally:
+            self._loop_waits = None
+
+    def _loop_state(self, state: Callable[[], Hashable]) -> _LoopState:
+        rotation = tuple(p.state for p in self._turning())
+        return _LoopState(state(), rotation, self._sbuf.top, self._psum.top, self._queue)
+
+    def _repeat(self, seen: list[_Iteration], forms: Sequence[Hashable], i: int, now) -> int:
+        """Place iterations i, i+1, ... as copies of the period of p iterations that just
+        repeated, for as many whole periods as the forms repeat; how many it placed."""
+        for p in range(1, min(MAX_PERIOD, len(seen) // 2) + 1):
+            if i + p > len(forms) or forms[i] != forms[i - p]:
+                continue
+            step = self._period(seen, p, now)
+            if step is None:
+                continue
+            count = 0
+            while i + count + p <= len(forms) and all(
+                forms[x] == forms[x - p] for x in range(i + count, i + count + p)
+            ):
+                count += p
+            if not count:
+                continue
+            rotation, queues, strides = step
+            # Note [placed iterations]: with the queues dealt in whole turns, waits on chip
+            # are the model's moved on by the period
+            same_queues = queues % self._shared_queues == 0
+            deferred: list[int] = []  # calls whose last touches on chip are not recorded yet
+            for k in range(count):
+                model = seen[-p]
+                call, index = model.call, -1
+                if call is not None:
+                    offsets = tuple(
+                        o + s for o, s in zip(call.offsets or (0,) * len(call.args), strides[k % p])
+                    )
+                    phase = (call.phase + queues) % self._shared_queues
+                    waits = self._moved_on(model.index, self._emitted) if same_queues else None
+                    if waits is None:  # looked up in full: on what the period before left
+                        self._record_deferred(deferred, p)
+                    self.place(call.block, call.name, call.args, phase, offsets, True, waits)
+                    call, index = self.calls[-1], len(self.calls) - 1
+                    if waits is not None:
+                        deferred.append(index)
+                was = model.state
+                moved = tuple(r + d for r, d in zip(was.rotation, rotation, strict=True))
+                state = _LoopState(was.caller, moved, was.sbuf, was.psum, was.queue + queues)
+                seen.append(_Iteration(call, state, index))
+            self._record_deferred(deferred, p)
+            for pool, d in zip(self._turning(), rotation, strict=True):
+                pool.state += d * (count // p)
+            self._queue += queues * (count // p)
+            return count
+        return 0
+
+    def _turning(self) -> list[TilePool | RingPool]:
+        return [*self._pools, *self._rings]
+
+    def _period(self, seen: list[_Iteration], p: int, now: _LoopState):
+        """Whether the last 2p iterations are a period of p repeated: the same blocks on the
+        same buffers from the same states, their pools turned by whole rotations; then what a
+        period moves (each pool's rotation, the queues dealt) and each iteration's offsets'
+        strides."""
+        a, b = seen[-2 * p].state, seen[-p].state
+        if not len(a.rotation) == len(b.rotation) == len(now.rotation):
+            return None  # a pool made inside the loop
+        if not (a.caller == b.caller == now.caller and a.sbuf == b.sbuf == now.sbuf):
+            return None
+        if not a.psum == b.psum == now.psum or now.queue - b.queue != b.queue - a.queue:
+            return None
+        rotation = []
+        turning = self._turning()
+        for pool, x, y, z in zip(turning, a.rotation, b.rotation, now.rotation, strict=True):
+            moved = z - y
+            if moved != y - x or (moved % pool.period if pool.period else moved):
+                return None
+            rotation.append(z - y)
+        queues = now.queue - b.queue
+        strides = []
+        for first, second in zip(seen[-2 * p : -p], seen[-p:], strict=True):
+            c1, c2 = first.call, second.call
+            if c1 is None or c2 is None:
+                if c1 is not c2:
+                    return None
+                strides.append(())
+                continue
+            if (c1.block, c1.args) != (c2.block, c2.args):
+                return None
+            if (c2.phase - c1.phase - queues) % self._shared_queues:
+                return None
+            o1, o2 = c1.offsets or (0,) * len(c1.args), c2.offsets or (0,) * len(c2.args)
+            strides.append(tuple(y - x for x, y in zip(o1, o2, strict=True)))
+        return tuple(rotation), queues, strides
+
+    def _record_deferred(self, deferred: list[int], p: int) -> None:
+        """Record the last touches on chip of the last period's calls among `deferred` (the
+        periods before are superseded by it: Note [placed iterations]), and forget them."""
+        for k in deferred:
+            if k >= len(self.calls) - p:  # (an iteration is one call or none)
+                self._record_exits(k, on_chip=True)
+        deferred.clear()
+
+    def _moved_on(self, like: int, base: int) -> dict[int, dict[str, int]] | None:
+        """The waits on chip of call `like` moved on to a call at `base` a period later, if
+        each lies before the loop or within the two periods before the model (Note [placed
+        iterations]); None otherwise."""
+        before, waits = self._loop_waits[like]
+        shift, start = base - before, self._loop_start
+        window = before - shift  # the model's period before
+        moved = {}
+        for j, latest in waits.items():
+            out = {}
+            for e, i in latest.items():
+                if start <= i < window:
+                    return None
+                out[e] = i + shift if i >= start else i
+            moved[j] = out
+        return moved
