@@ -27,8 +27,8 @@ its size does not grow either; the timing model's memo times a repeated call onc
 same executable. Only loops of MIN_LOOP iterations or more (loops.py) are built this way:
 each call costs a lookup per tile it touches, so short loops gain too little and a kernel
 replayed from a template places its calls again. Waits between iterations are the boundary
-waits below: exact for on-chip
-tiles, and for HBM the bytes each engine touches of a parameter in the iteration.
+waits below: exact for on-chip tiles, and for HBM the bytes each engine touches of a
+parameter in the iteration.
 
 Note [kernel boundaries]: waits inside a block are exact (the builder's tracker, over the
 kernel alone). Across kernels a block is summarised by its footprint: per engine and region it
@@ -133,6 +133,11 @@ class Call:
 
     def offset(self, param: int) -> int:
         return self.offsets[param] if self.offsets else 0
+
+    @property
+    def starts(self) -> tuple[int, ...]:
+        """`offsets`, one per parameter (zeros where none are stored)."""
+        return self.offsets or (0,) * len(self.args)
 
 
 def _union(a: Box, b: Box) -> Box:

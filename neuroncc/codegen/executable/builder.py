@@ -263,7 +263,6 @@ class ProgramBuilder(LoopBuilder):
         self._pools: list[TilePool] = []  # the open kernel's
         self._loop_waits: dict[int, tuple[int, dict]] | None = None  # Note [placed iterations]
         self._loop_start = 0  # the running loop's first instruction
-        self._bases: list[int] = []  # per call: its first instruction's id
         self._rings: list[RingPool] = []  # the program's
         self.unrolled = False  # loops emit every iteration (what a compact loop must equal)
 
@@ -458,9 +457,8 @@ class ProgramBuilder(LoopBuilder):
             latest = (hbm if mem == "hbm" else on_chip).setdefault(touch.instr, {})
             self._boundary.conflicts(mem, box, touch.write, engine, latest)
         self.calls.append(call)
-        self._bases.append(base)
         self._emitted += len(block.instructions)
-        self._record_exits(len(self.calls) - 1, on_chip=not known, hbm=True)
+        self._record_exits(len(self.calls) - 1, base, on_chip=not known, hbm=True)
         waits = {j: dict(latest) for j, latest in on_chip.items() if latest}
         for j, latest in hbm.items():
             merged = waits.setdefault(j, {})
@@ -470,9 +468,10 @@ class ProgramBuilder(LoopBuilder):
         if self._loop_waits is not None:
             self._loop_waits[len(self.calls) - 1] = (base, on_chip)
 
-    def _record_exits(self, k: int, on_chip: bool, hbm: bool = False) -> None:
-        """Call k's last touches (on chip, in HBM or both): what later calls wait for."""
-        call, base = self.calls[k], self._bases[k]
+    def _record_exits(self, k: int, base: int, on_chip: bool, hbm: bool = False) -> None:
+        """Call k's last touches (on chip, in HBM or both), its first instruction at `base`:
+        what later calls wait for."""
+        call = self.calls[k]
         for touch in self.blocks[call.block].footprint[1]:
             if on_chip if touch.mem != "hbm" else hbm:
                 mem, box, engine = self._absolute(touch, call)

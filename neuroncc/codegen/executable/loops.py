@@ -37,6 +37,16 @@ MIN_LOOP = 128
 # compare the two executables.
 
 
+def loop_bufs(least: int, per_period: int) -> int:
+    """Buffers for a pool a loop's period takes `per_period` tiles from: at least `least`,
+    and where up to twice as many make each period take whole turns of the pool, that many
+    (only then do the periods repeat)."""
+    for bufs in range(least, 2 * least + 1):
+        if per_period % bufs == 0:
+            return bufs
+    return least
+
+
 @dataclass(frozen=True)
 class _LoopState:
     """What an iteration of a loop met: the caller's state, the open kernel's pools' rotation,
@@ -130,9 +140,7 @@ class LoopBuilder:
                 model = seen[-p]
                 call, index = model.call, -1
                 if call is not None:
-                    offsets = tuple(
-                        o + s for o, s in zip(call.offsets or (0,) * len(call.args), strides[k % p])
-                    )
+                    offsets = tuple(o + s for o, s in zip(call.starts, strides[k % p]))
                     phase = (call.phase + queues) % self._shared_queues
                     waits = self._moved_on(model.index, self._emitted) if same_queues else None
                     if waits is None:  # looked up in full: on what the period before left
@@ -187,8 +195,7 @@ class LoopBuilder:
                 return None
             if (c2.phase - c1.phase - queues) % self._shared_queues:
                 return None
-            o1, o2 = c1.offsets or (0,) * len(c1.args), c2.offsets or (0,) * len(c2.args)
-            strides.append(tuple(y - x for x, y in zip(o1, o2, strict=True)))
+            strides.append(tuple(y - x for x, y in zip(c1.starts, c2.starts, strict=True)))
         return tuple(rotation), queues, strides
 
     def _record_deferred(self, deferred: list[int], p: int) -> None:
@@ -196,7 +203,7 @@ class LoopBuilder:
         periods before are superseded by it: Note [placed iterations]), and forget them."""
         for k in deferred:
             if k >= len(self.calls) - p:  # (an iteration is one call or none)
-                self._record_exits(k, on_chip=True)
+                self._record_exits(k, self._loop_waits[k][0], on_chip=True)
         deferred.clear()
 
     def _moved_on(self, like: int, base: int) -> dict[int, dict[str, int]] | None:

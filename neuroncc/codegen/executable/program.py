@@ -294,7 +294,7 @@ def _encode_calls(exe: Executable) -> dict:
     for c in exe.calls:
         back = tuple((j, tuple(base - i for i in ids)) for j, ids in c.waits)
         waits = table.setdefault(back, len(table))
-        offsets = list(c.offsets) or [0] * len(c.args)
+        offsets = list(c.starts)
         base += len(exe.blocks[c.block].instructions)
         if rows and _extends(rows[-1], c, waits, offsets, exe.shared_queues):
             rows[-1][7] += 1

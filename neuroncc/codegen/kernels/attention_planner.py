@@ -8,6 +8,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from neuroncc.codegen.executable.loops import loop_bufs
 from neuroncc.codegen.hardware import isa
 from neuroncc.codegen.hardware.costs import dma_ns, instr_ns
 from neuroncc.codegen.hardware.targets import Target
@@ -247,16 +248,6 @@ def pool_bufs(ap: AttentionPlan) -> dict[str, int]:
         "o": loop_bufs(2 * u, per_group),
         "inv": loop_bufs(4 * u, per_group),
     }
-
-
-def loop_bufs(least: int, per_period: int) -> int:
-    """Buffers for a pool a loop's period takes `per_period` tiles from: at least `least`,
-    and where up to twice as many make each period take whole turns of the pool, that many
-    (Note [instruction loops]: only then do the periods repeat)."""
-    for bufs in range(least, 2 * least + 1):
-        if per_period % bufs == 0:
-            return bufs
-    return least
 
 
 def groups_alive(ap: AttentionPlan) -> int:

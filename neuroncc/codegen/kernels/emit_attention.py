@@ -333,8 +333,7 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
         s = first + it
         if s != done + 1:  # the loop placed the steps between: carry what they would have
             carried.shift((s - done - 1) * u, head_at(s) - head_at(done + 1))
-        if hasattr(row, "balance"):
-            row.balance.restart()
+        row.balance.restart()
         for offset, phase in phases:
             if 0 <= s + offset < len(steps):
                 phase(steps[s + offset])

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from neuroncc.codegen.hardware import costs, isa
-from neuroncc.codegen.hardware.targets import Target
+from neuroncc.codegen.hardware import isa
 from neuroncc.codegen.kernels.emit import EmitCtx, P, _compute_instr, rect
+from neuroncc.codegen.kernels.engine_balance import EngineBalancer
 from neuroncc.codegen.kernels.row_plan import (
     COLUMN_CHUNK_BYTES,
     REDUCE_OPS,
@@ -122,6 +122,8 @@ class RowKernel:
         for v in self.escaping:
             ctx.alloc(v)
         self.aliased: dict[int, int] = {}
+        self.balance = EngineBalancer(ctx.target)
+        self.gen_tiles: dict[tuple, isa.TileRef] = {}  # (base, pstep, fstep, rows, cols)
         if p.rows == 0 or p.cols == 0:
             return
         itemsize = max(v.type.dtype.itemsize for n in nodes for v in (*n.inputs, n.out))
@@ -188,20 +190,16 @@ class RowKernel:
             b.emit(isa.Memset("pool", dst=t, value=float(n.attr("value"))))
             self.consts[n.out.id] = t
             self.const_values[n.out.id] = float(n.attr("value"))
-        self.balance = EngineBalancer(ctx.target)
         self.generated = generated_values(nodes, generated or {})
         assert self.generated is not None, "generated values are read as select conditions"
         if self.generated:
             self.gen_pool = b.sbuf_pool(GEN_COLS, bufs=GEN_CACHED)
             self.iota_pool = b.sbuf_pool(GEN_COLS * 4, bufs=2)
-        self.gen_tiles: dict[tuple, isa.TileRef] = {}  # (base, pstep, fstep, rows, cols)
 
     def loop_state(self) -> tuple:
         """What steps carry to the next beside the pools (a loop's state, Note [instruction
         loops]): the engines' balance and the generated tiles kept."""
-        balance = getattr(self, "balance", None)  # (none: a kernel of no rows)
-        gen_tiles = getattr(self, "gen_tiles", {})
-        return (balance and balance.state(), tuple(gen_tiles.items()))
+        return self.balance.state(), tuple(self.gen_tiles.items())
 
     def prefetch(self, r0: int, rp: int, c0: int, f: int) -> dict[int, isa.TileRef]:
         """The full inputs of step (r0, rp, c0, f) loaded ahead of it, as its `given`."""
@@ -252,60 +250,6 @@ class RowKernel:
                     except StopIteration as done:
                         results[i] = done.value
         return results
-
-
-class EngineBalancer:
-    """Spreads a kernel's ALU instructions over the engines that can run them: each goes to the
-    candidate with the least estimated busy time so far (costs.instr_ns), so VectorE, GpSimdE
-    and ScalarE work side by side instead of queueing on one."""
-
-    def __init__(self, t: Target) -> None:
-        self.t = t
-        self.busy: dict[str, float] = {"dve": 0.0, "pool": 0.0, "act": 0.0}
-
-    def candidates(self, ins: isa.Instr) -> tuple[str, ...]:
-        # Reductions stay on VectorE, the fastest at them: they sit on each row's critical path.
-        if isinstance(ins, (isa.Activation, isa.ActivationReduce)):
-            return ("act",)
-        if isinstance(ins, (isa.TensorCopy, isa.TensorScalar)) or _scalar_affine(ins):
-            # ScalarE applies a per-partition scale or bias as part of an activation.
-            engines = ("dve", "act", "pool")
-        elif isinstance(ins, (isa.TensorTensor, isa.Select)):
-            engines = ("dve", "pool")
-        else:
-            return (ins.engine,)
-        if self.t.vector_gpsimd_share_sbuf:
-            engines = tuple(e for e in engines if e != "pool")
-        return engines
-
-    def restart(self) -> None:
-        """Balance from here as if nothing had been placed: a loop's steps then choose alike
-        (Note [instruction loops])."""
-        self.busy = dict.fromkeys(self.busy, 0.0)
-
-    def state(self) -> tuple:
-        """How far each engine is ahead of the least busy, to the picosecond: what the next
-        choices depend on."""
-        least = min(self.busy.values())
-        return tuple(sorted((e, round(b - least, 3)) for e, b in self.busy.items()))
-
-    def place(self, ins: isa.Instr) -> isa.Instr:
-        options = [replace(ins, engine=e) for e in self.candidates(ins)]
-        best = min(options, key=lambda o: self.busy.get(o.engine, 0.0) + costs.instr_ns(o, self.t))
-        self.busy[best.engine] = self.busy.get(best.engine, 0.0) + costs.instr_ns(best, self.t)
-        return best
-
-
-def _scalar_affine(ins: isa.Instr) -> bool:
-    """x (+-*) a per-partition scalar: what an activation's scale/bias operand computes."""
-    return (
-        isinstance(ins, isa.TensorTensor)
-        and ins.op in ("add", "sub", "mul")
-        and ins.dst.free_elems > 1
-        and ins.b.free_elems == 1
-        and ins.a.free_elems == ins.dst.free_elems
-        and ins.dst.dtype.is_float
-    )
 
 
 def _activation_reduces(

@@ -18,7 +18,8 @@ from collections.abc import Container, Mapping, Sequence
 from neuroncc.codegen.hardware import costs, isa
 from neuroncc.codegen.hardware.targets import Target
 from neuroncc.codegen.kernels.emit import EmitCtx, P, rect
-from neuroncc.codegen.kernels.emit_fused import EngineBalancer, emit_fused
+from neuroncc.codegen.kernels.emit_fused import emit_fused
+from neuroncc.codegen.kernels.engine_balance import EngineBalancer
 from neuroncc.codegen.kernels.pe_transpose import PeTransposer
 from neuroncc.ir.graph import Node
 from neuroncc.ir.ops import Op

@@ -30,6 +30,7 @@ import math
 from collections.abc import Container, Sequence
 from dataclasses import dataclass
 
+from neuroncc.codegen.executable.loops import loop_bufs
 from neuroncc.codegen.hardware import costs, isa
 from neuroncc.codegen.hardware.targets import Target
 from neuroncc.codegen.kernels.emit import EmitCtx, P, rect, register
@@ -103,16 +104,6 @@ def _blocking(ctx: EmitCtx, n: Node, largest: Blocking | None, transposes: bool)
         most = f"at most {largest.tm}x{largest.tn}" if largest else "no blocking fits"
         raise CodegenError(f"tile={list(chosen)} does not fit SBUF/PSUM: {most}")
     return Blocking(tm, tn)
-
-
-def loop_bufs(least: int, per_step: int) -> int:
-    """Buffers for a pool a loop's steps take `per_step` tiles each from: at least `least`,
-    and where a few more make each step take whole turns of the pool, that many, so that
-    every step is alike and the loop's steps repeat one by one (Note [instruction loops])."""
-    for bufs in range(least, 2 * least + 1):
-        if per_step % bufs == 0:
-            return bufs
-    return least
 
 
 def pe_matmul_ns(u: Node, t: Target) -> float:
