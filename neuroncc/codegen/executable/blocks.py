@@ -25,19 +25,23 @@ with the size of its tensors. The executable stores such calls as one run (progr
 its size does not grow either; the timing model's memo times a repeated call once (Note
 [timing by call]); `emit_graph(..., unrolled=True)` emits every iteration and must give the
 same executable. Only loops of MIN_LOOP iterations or more (loops.py) are built this way:
-each call costs a lookup per tile it touches, so short loops gain too little and a kernel
-replayed from a template places its calls again. Waits between iterations are the boundary
-waits below: exact for on-chip tiles, and for HBM the bytes each engine touches of a
-parameter in the iteration.
+each call costs a lookup per tile it touches, so short loops gain too little. Waits between
+a kernel's calls are the boundary waits below, taken among the kernel's calls alone: exact
+for on-chip tiles, and for HBM the bytes each engine touches of a parameter in the call.
 
 Note [kernel boundaries]: waits inside a block are exact (the builder's tracker, over the
-kernel alone). Across kernels a block is summarised by its footprint: per engine and region it
+kernel alone). Across blocks a block is summarised by its footprint: per engine and region it
 touches (an HBM buffer, taken whole over the bytes the engine touches of it; an on-chip tile
-box, exactly), its first and its last access. A call's first access to a region on an engine
-waits for the last conflicting access to it by every engine in earlier calls (if the engine
-writes the region anywhere in the kernel, every earlier access conflicts); its last access is
-what later calls wait for. Every cross-kernel hazard is ordered: a later access on the same
-engine comes after the first in the engine's order. The price: a kernel reading a buffer waits
+box, exactly), its first and its last access. A kernel of several calls (a loop's
+iterations) orders its calls by their footprints against each other's (the builder's
+`_inner`), and is itself summarised by the union of its calls' footprints (`Footprint`):
+across kernels, a kernel's first access to a region on an engine waits for the last
+conflicting access to it by every engine in earlier kernels (if the engine writes the region
+anywhere in the kernel, every earlier access conflicts); its last access is what later
+kernels wait for. So a kernel replayed from a template (Note [kernel reuse]) is placed with
+one lookup per region it touches, however many calls it has: its waits among its calls are
+the template's. Every cross-kernel hazard is ordered: a later access on the same engine comes
+after the first in the engine's order. The price: a kernel reading a buffer waits
 for the whole of the writer's part of it, where a tracker over the unrolled stream would wait
 for the one tile it reads first (the benchmark suite's device times moved by at most 0.2%).
 A call's last touches are not ordered among themselves (two engines may write disjoint rows
@@ -138,6 +142,59 @@ class Call:
     def starts(self) -> tuple[int, ...]:
         """`offsets`, one per parameter (zeros where none are stored)."""
         return self.offsets or (0,) * len(self.args)
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """A kernel's first and last touches per (engine, region) over all its calls (Note [kernel
+    boundaries]), counted from the kernel: `instr` from its first instruction, DMA queues
+    from the queue it started at, and HBM regions as `param` into `buffers` with `box` in
+    bytes from the buffer's start."""
+
+    buffers: tuple[str, ...]
+    entries: tuple[Touch, ...]
+    exits: tuple[Touch, ...]
+
+
+def kernel_footprint(
+    blocks: list[Block], calls: list[Call], start: int, shared: int, itemsize: dict[str, int]
+) -> Footprint:
+    """The footprint of the kernel made of `calls` (the first at queue phase `start`): its
+    calls' block footprints, each region taken whole as a block takes it."""
+    slots: dict[tuple, list] = {}  # (engine, mem, param, key) -> [first, last, box, write]
+    names: dict[str, int] = {}
+    at = 0
+    for call in calls:
+        block = blocks[call.block]
+        turn = (call.phase - start) % shared
+        for first, last in zip(*block.footprint, strict=True):
+            engine = turn_queue(first.engine, turn, shared)
+            if first.mem == "hbm":
+                buffer = call.args[first.param]
+                param = names.setdefault(buffer, len(names))
+                shift = call.offset(first.param) * itemsize[buffer]
+                box = (0, 1, first.box[2] + shift, first.box[3] + shift)
+                key = (engine, "hbm", param, None)
+            else:
+                param, box = -1, first.box
+                key = (engine, first.mem, -1, box)
+            slot = slots.get(key)
+            if slot is None:
+                slots[key] = [at + first.instr, at + last.instr, box, first.write]
+            else:
+                slot[1] = at + last.instr
+                slot[2] = _union(slot[2], box)
+                slot[3] = slot[3] or first.write
+        at += len(block.instructions)
+    entries = tuple(
+        Touch(f, e, mem, param, box, write)
+        for (e, mem, param, _), (f, _, box, write) in slots.items()
+    )
+    exits = tuple(
+        Touch(last, e, mem, param, box, write)
+        for (e, mem, param, _), (_, last, box, write) in slots.items()
+    )
+    return Footprint(tuple(names), entries, exits)
 
 
 def _union(a: Box, b: Box) -> Box:

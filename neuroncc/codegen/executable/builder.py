@@ -36,7 +36,9 @@ from dataclasses import dataclass, replace
 from neuroncc.codegen.executable.blocks import (
     Block,
     Call,
+    Footprint,
     Touch,
+    kernel_footprint,
     parametrise,
     turn_queue,
     with_fields,
@@ -152,15 +154,20 @@ def _needed(block: Block, waits: dict[int, dict[str, int]]) -> tuple:
     return tuple(out)
 
 
+Waits = tuple[tuple[int, tuple[tuple[str, int], ...]], ...]
+
+
 @dataclass(frozen=True)
 class Part:
-    """A call of a kernel made of several (a loop's iterations): its block, buffers, offsets
-    and the queue it started at, counted from the kernel's first."""
+    """A call of a kernel made of several (a loop's iterations): its block, buffers, offsets,
+    the queue it started at and its waits on the kernel's calls before it (local instruction
+    -> (engine, instruction)), counted from the kernel's first queue and instruction."""
 
     block: int
     args: tuple[str, ...]
     offsets: tuple[int, ...]
     queue: int
+    inner: Waits
 
 
 class OnChipOverflow(CodegenError):
@@ -248,9 +255,15 @@ class ProgramBuilder(LoopBuilder):
         self.buffers: dict[str, Buffer] = {}
         self._hbm_top = 0
         self._arena: tuple[int, int] | None = None  # (offset, bytes) of the plan's arena
-        self._boundary = DepTracker(self.buffers)  # the calls' touches: Note [kernel boundaries]
+        self._boundary = DepTracker(self.buffers)  # the kernels' touches: Note [kernel boundaries]
         self._emitted = 0  # instructions placed by calls
         self._open: str | None = None  # the open kernel's name
+        self._kernel_base = 0  # ... its first instruction
+        self._kernel_queue = 0  # ... the queues dealt before it
+        self._inner = DepTracker(self.buffers)  # ... its calls' last touches
+        self._inner_waits: list[Waits] = []  # ... each call's waits on the calls before it
+        self._unrecorded: tuple[int, int, bool] | None = None  # ... a call not in _inner yet
+        self.footprint: Footprint | None = None  # the last kernel closed's
         self._local: list[isa.Instr] = []  # ... and its instructions so far
         self._tracker = DepTracker(self.buffers)  # ... and their accesses
         self._phase = 0  # ... and the queue turn it started at
@@ -369,9 +382,16 @@ class ProgramBuilder(LoopBuilder):
 
     def _open_kernel(self, name: str) -> None:
         self._open = name
-        self._kernel_calls = len(self.calls)
+        self._start_kernel()
         self._pools = []
         self._open_segment()
+
+    def _start_kernel(self) -> None:
+        """The next calls are a kernel's: they wait on each other through `_inner`, and on
+        earlier kernels from the kernel's footprint when it closes (`_place_kernel`)."""
+        self._kernel_calls = len(self.calls)
+        self._kernel_base, self._kernel_queue = self._emitted, self._queue
+        self._inner, self._inner_waits, self._unrecorded = DepTracker(self.buffers), [], None
 
     def _open_segment(self) -> None:
         self._local = []
@@ -395,30 +415,90 @@ class ProgramBuilder(LoopBuilder):
             return
         self._close_segment()
         self._open = None
+        if len(self.calls) == self._kernel_calls:
+            self.footprint = None
+            return
+        itemsize = {name: buf.dtype.itemsize for name, buf in self.buffers.items()}
+        start = self._kernel_queue % self._shared_queues
+        calls = self.calls[self._kernel_calls :]
+        footprint = kernel_footprint(self.blocks, calls, start, self._shared_queues, itemsize)
+        self._place_kernel(footprint, self._inner_waits)
 
-    def replay_kernel(self, name: str, parts: Sequence[Part], queues: int) -> None:
+    def _place_kernel(self, footprint: Footprint, inner: Sequence[Waits]) -> None:
+        """The open kernel's calls' waits: on the kernel's calls before them (`inner`), and
+        across kernels from the kernel's footprint (Note [kernel boundaries]); then its last
+        touches are what later kernels wait for."""
+        self.footprint = footprint
+        base, shared = self._kernel_base, self._shared_queues
+        start = self._kernel_queue % shared
+        cross: dict[int, dict[str, int]] = {}  # instruction of the kernel -> engine -> latest
+        for touch in footprint.entries:
+            mem, box, engine = self._in_kernel(touch, footprint.buffers, start)
+            self._boundary.conflicts(
+                mem, box, touch.write, engine, cross.setdefault(touch.instr, {})
+            )
+        entering = sorted(j for j, latest in cross.items() if latest)
+        at, e = 0, 0
+        for k in range(self._kernel_calls, len(self.calls)):
+            call = self.calls[k]
+            block = self.blocks[call.block]
+            n = len(block.instructions)
+            waits = {
+                j: {turn_queue(engine, start, shared): base + i for engine, i in latest}
+                for j, latest in inner[k - self._kernel_calls]
+            }
+            while e < len(entering) and entering[e] < at + n:
+                merged = waits.setdefault(entering[e] - at, {})
+                for engine, i in cross[entering[e]].items():
+                    merged[engine] = max(merged.get(engine, -1), i)
+                e += 1
+            self.calls[k] = with_fields(call, {"waits": _needed(block, waits)})
+            at += n
+        for touch in footprint.exits:
+            mem, box, engine = self._in_kernel(touch, footprint.buffers, start)
+            self._boundary.record_access(base + touch.instr, engine, mem, box, touch.write, base)
+
+    def _in_kernel(self, touch: Touch, buffers: Sequence[str], start: int) -> tuple[str, Box, str]:
+        """A kernel footprint's touch in the program: its engine, memory and box."""
+        engine = turn_queue(touch.engine, start, self._shared_queues)
+        if touch.mem != "hbm":
+            return touch.mem, touch.box, engine
+        at = self.buffers[buffers[touch.param]].offset
+        return "hbm", (0, 1, at + touch.box[2], at + touch.box[3]), engine
+
+    def replay_kernel(
+        self, name: str, parts: Sequence[Part], queues: int, footprint: Footprint
+    ) -> None:
         """A kernel identical to one built before, placed without building it (Note [kernel
         reuse] in kernels/reuse.py): a call of each of its blocks with its buffers and
-        offsets, and the program's state moved on as building it would have (the queues it
-        dealt, the end its tiles came from)."""
+        offsets, its waits from its parts' and its footprint, and the program's state moved
+        on as building it would have (the queues it dealt, the end its tiles came from)."""
         self._close_kernel()
+        if not parts:
+            return
+        self._start_kernel()
         start = self._queue
         for k, part in enumerate(parts):
             phase = (start + part.queue) % self._shared_queues
-            self.place(part.block, name, part.args, phase, part.offsets, k > 0)
+            offsets = part.offsets if any(part.offsets) else ()
+            self.calls.append(Call(name, part.block, part.args, phase, (), offsets, k > 0))
+            self._emitted += len(self.blocks[part.block].instructions)
+        self._place_kernel(footprint, [part.inner for part in parts])
         self._queue = start + queues
-        if parts:
-            self._down = not self._down
+        self._down = not self._down
 
     def parts_since(self, calls: int, queue: int) -> list[Part] | None:
         """The calls placed since the program had `calls` of them, as a kernel's parts (the
         queue each started at counted from `queue`, the queue count the kernel started at);
-        None if they are not one kernel's."""
+        None if they are not the last kernel closed's."""
         placed = self.calls[calls:]
-        if any(c.more != (k > 0) for k, c in enumerate(placed)):
+        if self._kernel_calls != calls or any(c.more != (k > 0) for k, c in enumerate(placed)):
             return None
         shared = self._shared_queues
-        return [Part(c.block, c.args, c.offsets, (c.phase - queue) % shared) for c in placed]
+        return [
+            Part(c.block, c.args, c.offsets, (c.phase - queue) % shared, inner)
+            for c, inner in zip(placed, self._inner_waits, strict=True)
+        ]
 
     @property
     def direction(self) -> bool:
@@ -440,44 +520,56 @@ class ProgramBuilder(LoopBuilder):
         more: bool = False,
         on_chip: dict[int, dict[str, int]] | None = None,
     ) -> None:
-        """A call of block `index`: its waits across kernels from its footprint (Note [kernel
-        boundaries]), then its last touches are what later calls wait for. `on_chip`: its
-        waits on chip, known (Note [placed iterations]); its last touches on chip are then
-        left for the caller to record."""
+        """A call of block `index` in the open kernel: its waits on the kernel's calls before
+        it from its block's footprint (its waits across kernels come when the kernel closes),
+        then its last touches are what the kernel's later calls wait for. `on_chip`: its waits
+        on chip, known (Note [placed iterations]); its last touches on chip are then left for
+        the caller to record."""
         block = self.blocks[index]
         base = self._emitted
         call = Call(name, index, args, phase, (), offsets if any(offsets) else (), more)
         known = on_chip is not None
         on_chip = on_chip if known else {}
         hbm: dict[int, dict[str, int]] = {}
-        for touch in block.footprint[0]:
-            if known and touch.mem != "hbm":
-                continue
-            mem, box, engine = self._absolute(touch, call)
-            latest = (hbm if mem == "hbm" else on_chip).setdefault(touch.instr, {})
-            self._boundary.conflicts(mem, box, touch.write, engine, latest)
+        if self._unrecorded is not None:  # (a kernel of one call records none)
+            self._record_exits(*self._unrecorded, hbm=True)
+            for touch in block.footprint[0]:
+                if known and touch.mem != "hbm":
+                    continue
+                mem, box, engine = self._absolute(touch, call)
+                latest = (hbm if mem == "hbm" else on_chip).setdefault(touch.instr, {})
+                self._inner.conflicts(mem, box, touch.write, engine, latest)
         self.calls.append(call)
         self._emitted += len(block.instructions)
-        self._record_exits(len(self.calls) - 1, base, on_chip=not known, hbm=True)
+        self._unrecorded = (len(self.calls) - 1, base, not known)
         waits = {j: dict(latest) for j, latest in on_chip.items() if latest}
         for j, latest in hbm.items():
             merged = waits.setdefault(j, {})
             for e, i in latest.items():
                 merged[e] = max(merged.get(e, -1), i)
-        self.calls[-1] = with_fields(call, {"waits": _needed(block, waits)})
+        self._inner_waits.append(self._relative(waits))
         if self._loop_waits is not None:
             self._loop_waits[len(self.calls) - 1] = (base, on_chip)
 
+    def _relative(self, waits: dict[int, dict[str, int]]) -> Waits:
+        """Waits on the open kernel's instructions counted from its first instruction and
+        queue."""
+        shared = self._shared_queues
+        back = -self._kernel_queue % shared
+        base = self._kernel_base
+        return tuple(
+            (j, tuple((turn_queue(e, back, shared), i - base) for e, i in latest.items()))
+            for j, latest in sorted(waits.items())
+        )
+
     def _record_exits(self, k: int, base: int, on_chip: bool, hbm: bool = False) -> None:
         """Call k's last touches (on chip, in HBM or both), its first instruction at `base`:
-        what later calls wait for."""
+        what the kernel's later calls wait for."""
         call = self.calls[k]
         for touch in self.blocks[call.block].footprint[1]:
             if on_chip if touch.mem != "hbm" else hbm:
                 mem, box, engine = self._absolute(touch, call)
-                self._boundary.record_access(
-                    base + touch.instr, engine, mem, box, touch.write, base
-                )
+                self._inner.record_access(base + touch.instr, engine, mem, box, touch.write, base)
 
     def _absolute(self, touch: Touch, call: Call) -> tuple[str, Box, str]:
         engine = turn_queue(touch.engine, call.phase, self._shared_queues)

@@ -24,6 +24,7 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from neuroncc.codegen.executable.blocks import Footprint
 from neuroncc.codegen.executable.builder import Part
 from neuroncc.codegen.hardware.isa import TileRef
 from neuroncc.ir.graph import Node, Value
@@ -47,6 +48,7 @@ class Template:
     """A kernel as first built, in its key's numbering of values."""
 
     parts: tuple[Part, ...]  # its calls (one per iteration of its loops), buffers canonical
+    footprint: Footprint  # ... its first and last touches, buffers canonical
     effects: tuple  # what the emission did to the context, canonical, in order
     queues: int  # DMA queues it dealt out
     stream_end: tuple  # where the weight stream stood after it (Note [weight stream])
@@ -199,13 +201,16 @@ def _buffer(name: str, num: _Numbering, by_id: dict[str, Value]):
     return ("buffer", num(v))
 
 
-def template_of(ctx, values: list[Value], journal: list, parts, queues, stream_end):
+def template_of(ctx, values: list[Value], journal: list, parts, footprint, queues, stream_end):
     index = {v.id: k for k, v in enumerate(values)}
     num = _Fixed(index)
     return Template(
         tuple(
             dataclasses.replace(p, args=tuple(_canon(a, num, ctx.buffer_values) for a in p.args))
             for p in parts
+        ),
+        dataclasses.replace(
+            footprint, buffers=tuple(_canon(a, num, ctx.buffer_values) for a in footprint.buffers)
         ),
         tuple((e[0], *_canon(e[1:], num, ctx.buffer_values)) for e in journal),
         queues,
@@ -276,7 +281,7 @@ def _same(a: Template, b: Template, blocks: list | None = None) -> bool:
     if len(a.parts) != len(b.parts):
         return False
     for p, q in zip(a.parts, b.parts, strict=True):
-        if (p.args, p.offsets, p.queue) != (q.args, q.offsets, q.queue):
+        if (p.args, p.offsets, p.queue, p.inner) != (q.args, q.offsets, q.queue, q.inner):
             return False
         if blocks is None and p.block != q.block:
             return False
@@ -315,8 +320,9 @@ def _emit_recorded(ctx, name, emit, values) -> Template | None:
     parts = b.parts_since(calls0, queue0)
     if not parts:
         return None
+    queues, stream = b.queue_count - queue0, ctx.stream_state()
     try:
-        return template_of(ctx, values, journal, parts, b.queue_count - queue0, ctx.stream_state())
+        return template_of(ctx, values, journal, parts, b.footprint, queues, stream)
     except Unkeyable:
         return None
 
@@ -328,5 +334,7 @@ def _replay(ctx, name: str, t: Template, values: list[Value]) -> None:
         dataclasses.replace(p, args=tuple(ctx.buffer_of(a, values) for a in p.args))
         for p in t.parts
     ]
-    ctx.b.replay_kernel(name, parts, t.queues)
+    buffers = tuple(ctx.buffer_of(a, values) for a in t.footprint.buffers)
+    footprint = dataclasses.replace(t.footprint, buffers=buffers)
+    ctx.b.replay_kernel(name, parts, t.queues, footprint)
     ctx.set_stream_state(t.stream_end)
