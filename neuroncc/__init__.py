@@ -22,8 +22,17 @@ from neuroncc.errors import (
     SimulationError,
     UnsupportedError,
 )
-from neuroncc.options import CompileOptions
 from neuroncc.runtime.stats import STATS as _STATS
+
+
+def __getattr__(name: str) -> Any:
+    # CompileOptions imports pydantic (0.2 s): loaded on first use, so that the `neuron`
+    # device's autoload on every `import torch` stays cheap (neuroncc.device)
+    if name == "CompileOptions":
+        from neuroncc.options import CompileOptions
+
+        return CompileOptions
+    raise AttributeError(f"module 'neuroncc' has no attribute {name!r}")
 
 
 def stats() -> dict[str, Any]:

@@ -35,10 +35,16 @@ _COUNTERS = (
     "psum_bytes",
     "spill_bytes",
     "dma_bytes",
+    # the `neuron` device's eager ops (Note [eager ops]): executions of one-op graphs and their
+    # simulated time, apart from the compiled graphs' above; random ops drawn on the host
+    "eager_executions",
+    "eager_device_seconds",
+    "eager_host_random",
 )
 # Time-weighted: summed as value x device seconds, reported divided by device_seconds.
 _WEIGHTED = ("mfu", "hfu", "dma_efficiency")
-_FLOAT = ("device_seconds", "roofline_seconds", "throttled_seconds")
+_FLOAT = ("device_seconds", "roofline_seconds", "throttled_seconds", "eager_device_seconds")
+EAGER_PREFIX = "eager_"  # the names of the device's one-op graphs
 
 
 class Stats:
@@ -65,6 +71,11 @@ class Stats:
     def add_execution(self, graph: str, prof: Any, compiled: Any) -> None:
         """One execution of `compiled` (a CompiledExecutable) with timing.Profile `prof`."""
         seconds = prof.device_ns * 1e-9
+        if graph.startswith(EAGER_PREFIX):
+            with self._lock:
+                self._values["eager_executions"] += 1
+                self._values["eager_device_seconds"] += seconds
+            return
         amounts = {
             "executions": 1,
             "instructions": prof.instructions,

@@ -1,0 +1,206 @@
+"""Eager ops on the `neuron` device: each ATen op compiled as a one-op graph (Note [eager ops]).
+
+Note [eager ops]: an op on `neuron` tensors is traced into an ATen graph of that op alone
+(make_fx over fake tensors, with the backend's decompositions, functionalised so that an
+in-place or `out=` op becomes its functional form plus the inputs it writes), and that graph
+goes through the same pipeline as a graph Dynamo captured (`compile_aten_graph`): nodes the
+compiler declines run in PyTorch on the host, counted in stats()["fallback_nodes"] and warned
+once per op, and the rest runs as instructions on the simulator. The compiled op is kept per
+signature (the op, its tensors' shapes and dtypes, every other argument), in memory here and
+on disk through the graph cache, so an op compiles once. Ops that cannot be traced (their
+output shape depends on the data: `nonzero`, `unique`) run on the host, counted the same way.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from neuroncc.device import memory
+from neuroncc.runtime.stats import EAGER_PREFIX
+
+
+@dataclass
+class CompiledOp:
+    """An op compiled for one signature: `run` takes the host views of its tensor arguments
+    and returns the values it writes into its mutated arguments (`writes`: their positions
+    among the tensor arguments), then its outputs."""
+
+    run: Callable[[list], list]
+    writes: tuple[int, ...]
+
+
+_CACHE: dict[Any, CompiledOp | None] = {}  # None: the op runs on the host
+_LOCK = threading.Lock()
+
+
+def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+    """op on `neuron` tensors, compiled (or on the host if it cannot be), with PyTorch's
+    results: new `neuron` tensors, or the arguments an in-place or `out=` op returns."""
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+    tensors = [leaves[i] for i in positions]
+    _check_devices(op, tensors)
+    hosts = [memory.host_view(t) if t.device.type == memory.DEVICE else t for t in tensors]
+    key = _signature(op, leaves, positions, spec)
+    with _LOCK:
+        compiled = _CACHE.get(key, ...)
+    if compiled is ...:
+        compiled = _compile(op, leaves, positions, spec, hosts)
+        with _LOCK:
+            _CACHE[key] = compiled
+    if compiled is None:
+        return _on_host(op, leaves, positions, spec, tensors, hosts)
+    values = compiled.run(list(hosts))
+    for k, value in zip(compiled.writes, values, strict=False):
+        if tensors[k].shape != value.shape:  # an `out=` argument takes the result's shape
+            tensors[k].resize_(value.shape)
+        memory.host_view(tensors[k]).copy_(value)
+    outs = values[len(compiled.writes) :]
+    return _results(op, args, kwargs, outs)
+
+
+def _check_devices(op, tensors: list[torch.Tensor]) -> None:
+    for t in tensors:
+        if t.device.type != memory.DEVICE and t.dim() > 0:
+            raise RuntimeError(
+                "Expected all tensors to be on the same device, but found at least two "
+                f"devices, {memory.DEVICE}:0 and {t.device}! (in {op})"
+            )
+
+
+def _signature(op, leaves: list, positions: list[int], spec) -> Any:
+    tensor_at = set(positions)
+    parts = [op, str(spec)]
+    for i, x in enumerate(leaves):
+        if i in tensor_at:
+            parts.append((tuple(x.shape), x.dtype, x.device.type))
+        elif isinstance(x, (torch.dtype, torch.device, torch.memory_format, torch.layout)):
+            parts.append(str(x))
+        else:
+            parts.append((type(x).__name__, repr(x)))
+    return tuple(parts)
+
+
+def _compile(op, leaves: list, positions: list[int], spec, hosts: list) -> CompiledOp | None:
+    """The one-op graph compiled; None if it cannot be traced (the op runs on the host)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from neuroncc.frontend.backend import compile_aten_graph
+    from neuroncc.frontend.decompositions import DECOMPOSITIONS
+
+    def call(*ts):
+        flat = list(leaves)
+        for i, t in zip(positions, ts, strict=True):
+            flat[i] = t
+        a, k = pytree.tree_unflatten(flat, spec)
+        return op(*a, **k)
+
+    try:
+        traced = make_fx(
+            torch.func.functionalize(call, remove="mutations_and_views"),
+            decomposition_table=DECOMPOSITIONS,
+            tracing_mode="fake",
+        )(*hosts)
+    except Exception:  # noqa: BLE001 (data-dependent shapes and the like: run on the host)
+        return None
+    writes = _strip_writes(traced)
+    fn = compile_aten_graph(traced, hosts, opts=_options(), name=f"{EAGER_PREFIX}{op}")
+    return CompiledOp(fn, writes)
+
+
+def _strip_writes(gm: torch.fx.GraphModule) -> tuple[int, ...]:
+    """Turn the functionalised graph's `copy_(input, value)` epilogue into outputs: the graph
+    returns the written values first; their inputs' positions."""
+    g = gm.graph
+    placeholders = [n for n in g.nodes if n.op == "placeholder"]
+    output = next(n for n in g.nodes if n.op == "output")
+    writes, values = [], []
+    for n in list(g.nodes):
+        if n.op == "call_function" and n.target is torch.ops.aten.copy_.default:
+            dst, value = n.args
+            while dst.op == "call_function" and dst.target is torch.ops.aten.resize_.default:
+                dst = dst.args[0]  # an `out=` argument resized to the result's shape
+            writes.append(placeholders.index(dst))
+            values.append(value)
+            n.replace_all_uses_with(value)
+            g.erase_node(n)
+    outs = output.args[0]
+    outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+    output.args = ((*values, *outs),)
+    for n in reversed(list(g.nodes)):
+        if n.op == "call_function" and n.target is torch.ops.aten.resize_.default and not n.users:
+            g.erase_node(n)
+    g.eliminate_dead_code()
+    gm.recompile()
+    return tuple(writes)
+
+
+def _options():
+    """The options from the environment (NEURONCC_TARGET, ...), read when an op compiles."""
+    from neuroncc.options import CompileOptions
+
+    return CompileOptions.from_user({})
+
+
+def _on_host(op, leaves, positions, spec, tensors, hosts) -> Any:
+    """op run by PyTorch on the host views (counted and warned once, as a declined node)."""
+    from neuroncc.runtime.stats import STATS
+
+    if STATS.add_fallback(str(op)):
+        warnings.warn(
+            f"neuroncc runs {op} on the host CPU for the neuron device: it cannot be compiled "
+            "(its output shape depends on the data)",
+            stacklevel=3,
+        )
+    flat = list(leaves)
+    for i, h in zip(positions, hosts, strict=True):
+        flat[i] = h
+    a, k = pytree.tree_unflatten(flat, spec)
+    out = op(*a, **k)
+    return _to_device(out, dict(zip(map(id, hosts), tensors, strict=True)))
+
+
+def _to_device(out, originals: dict[int, torch.Tensor]) -> Any:
+    """Host results as `neuron` tensors: an argument returned stays that argument."""
+
+    def convert(x):
+        if not isinstance(x, torch.Tensor):
+            return x
+        return originals.get(id(x)) or memory.adopt(x)
+
+    return pytree.tree_map(convert, out)
+
+
+def _results(op, args: tuple, kwargs: dict, outs: list) -> Any:
+    """What op returns: for each of its schema's returns, the argument it aliases (in-place
+    and `out=` ops) or a new `neuron` tensor over the computed value."""
+    schema = op._schema
+    returns = schema.returns
+    by_alias = {}
+    for k, arg in enumerate(schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            value = args[k] if k < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
+            by_alias[frozenset(arg.alias_info.before_set)] = value
+    values = iter(outs)
+    result = []
+    for r in returns:
+        alias = r.alias_info
+        if alias is not None and alias.is_write:
+            result.append(by_alias[frozenset(alias.before_set)])
+            next(values, None)
+        else:
+            value = next(values)
+            if isinstance(value, (list, tuple)):
+                result.append([memory.adopt(v) for v in value])
+            else:
+                result.append(memory.adopt(value) if isinstance(value, torch.Tensor) else value)
+    if len(returns) == 1:
+        return result[0]
+    return tuple(result)

@@ -1,0 +1,158 @@
+"""Device memory: `neuron` tensors over host bytes that stand for the NeuronCore's HBM.
+
+Note [device memory]: a `neuron` tensor is a PrivateUse1 TensorImpl whose storage points at a
+host byte buffer (a CPU uint8 tensor) kept alive by the storage's Python object; PyTorch keeps
+that object as long as any tensor or view uses the storage, so views, `data_ptr()`, autograd,
+`deepcopy` and `torch.save` work as on any device. The bytes are counted against the HBM of
+the selected target core (`NEURONCC_TARGET`, times `NEURON_LOGICAL_NC_CONFIG` physical cores
+per logical one): an allocation past it raises `torch.OutOfMemoryError` with the sizes, as
+CUDA does, and frees nothing. A storage's bytes are given back when PyTorch frees it.
+
+The host side reads and writes device bytes through `host_view`, a CPU tensor over the same
+bytes: what the simulator's DMA engines would move in and out of HBM.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+
+import torch
+
+DEVICE = "neuron"
+_FLOOR = 2**30  # bytes below every target's HBM
+
+
+class Hbm:
+    """The simulated HBM of the process's NeuronCore: bytes in use, the peak, the capacity."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.allocated = 0
+        self.peak = 0
+        self.allocations = 0  # storages allocated since start
+        self._capacity: int | None = None
+
+    @property
+    def capacity(self) -> int:
+        if self._capacity is None:
+            self._capacity = hbm_capacity(os.environ)
+        return self._capacity
+
+    def take(self, nbytes: int) -> None:
+        with self._lock:
+            # the capacity (which imports the target table) is read once usage passes the
+            # smallest target's HBM could not be: not on autoload's self-test
+            if self.allocated + nbytes > _FLOOR and self.allocated + nbytes > self.capacity:
+                free = self.capacity - self.allocated
+                raise torch.OutOfMemoryError(
+                    f"neuron out of memory: tried to allocate {_size(nbytes)}; the simulated "
+                    f"NeuronCore has {_size(self.capacity)} of HBM, {_size(self.allocated)} "
+                    f"allocated, {_size(free)} free (set NEURONCC_TARGET for another core, "
+                    "NEURON_LOGICAL_NC_CONFIG=2 to join two cores' HBM)"
+                )
+            self.allocated += nbytes
+            self.allocations += 1
+            self.peak = max(self.peak, self.allocated)
+
+    def give(self, nbytes: int) -> None:
+        with self._lock:
+            self.allocated -= nbytes
+
+    def reset_peak(self) -> None:
+        with self._lock:
+            self.peak = self.allocated
+
+
+HBM = Hbm()
+
+
+def hbm_capacity(environ) -> int:
+    """Bytes of HBM per device: the target core's, times the physical cores per logical core."""
+    from neuroncc.codegen.hardware.targets import get_target
+    from neuroncc.errors import OptionsError
+
+    target = get_target(environ.get("NEURONCC_TARGET") or "trn2")
+    lnc = environ.get("NEURON_LOGICAL_NC_CONFIG") or "1"
+    if lnc not in ("1", "2"):
+        raise OptionsError(f"NEURON_LOGICAL_NC_CONFIG must be 1 or 2, not {lnc!r}")
+    return target.hbm_bytes * int(lnc)
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes} bytes"
+
+
+def device(index: int | None = 0) -> torch.device:
+    return torch.device(DEVICE, index or 0)
+
+
+def storage_bytes(size, stride, dtype: torch.dtype) -> int:
+    """Bytes a strided tensor's elements span."""
+    if any(s == 0 for s in size):
+        return 0
+    span = 1 + sum((s - 1) * abs(st) for s, st in zip(size, stride, strict=True))
+    return span * dtype.itemsize
+
+
+def _device_storage(host: torch.Tensor, nbytes: int) -> torch.UntypedStorage:
+    """A `neuron` storage over host's bytes (already counted in HBM), given back to HBM when
+    PyTorch frees it."""
+    storage = torch._C._construct_storage_from_data_pointer(host.data_ptr(), device(), nbytes)
+    storage._neuron_host = host  # kept as long as the storage (Note [device memory])
+    weakref.finalize(storage, HBM.give, nbytes)
+    return storage
+
+
+def empty_strided(size, stride, dtype: torch.dtype | None) -> torch.Tensor:
+    dtype = dtype or torch.get_default_dtype()
+    size, stride = tuple(size), tuple(stride)
+    nbytes = storage_bytes(size, stride, dtype)
+    HBM.take(nbytes)
+    try:
+        host = torch.empty(max(nbytes, 1), dtype=torch.uint8)
+    except RuntimeError:
+        HBM.give(nbytes)
+        raise torch.OutOfMemoryError(
+            f"neuron out of memory: the host has no {_size(nbytes)} free to stand for the "
+            "simulated HBM this tensor needs"
+        ) from None
+    t = torch._C._acc.create_empty_tensor(size, dtype)
+    t.set_(_device_storage(host, nbytes), 0, size, stride)
+    return t
+
+
+def empty(size, dtype: torch.dtype | None) -> torch.Tensor:
+    return empty_strided(size, contiguous_strides(size), dtype)
+
+
+def contiguous_strides(size) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for s in reversed(tuple(size)):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+def host_view(t: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor over the bytes of `neuron` tensor t, with its shape, strides and offset."""
+    host = t.untyped_storage()._neuron_host
+    out = torch.empty(0, dtype=t.dtype)
+    return out.set_(host.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+
+
+def adopt(cpu: torch.Tensor) -> torch.Tensor:
+    """A `neuron` tensor over a CPU tensor's bytes (what a computation just produced in host
+    memory standing for HBM), without copying them."""
+    if not cpu.is_contiguous() or cpu.storage_offset():
+        cpu = cpu.contiguous()
+    nbytes = cpu.numel() * cpu.element_size()
+    HBM.take(nbytes)
+    host = cpu.view(-1).view(torch.uint8) if cpu.numel() else torch.empty(1, dtype=torch.uint8)
+    t = torch._C._acc.create_empty_tensor(tuple(cpu.shape), cpu.dtype)
+    t.set_(_device_storage(host, nbytes), 0, tuple(cpu.shape), contiguous_strides(cpu.shape))
+    return t

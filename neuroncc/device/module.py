@@ -1,0 +1,132 @@
+"""`torch.neuron`: the device module users and libraries call, as `torch.cuda` for CUDA.
+
+One simulated NeuronCore per process (as under `torchrun`, one core per rank): device_count()
+is 1. PyTorch's Python device guard for PrivateUse1 knows one device only (its deviceCount is
+fixed at 1), so more devices in one process would break autograd.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from neuroncc.device.memory import HBM
+
+
+def is_available() -> bool:
+    return True
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def device_count() -> int:
+    return 1
+
+
+def current_device() -> int:
+    return 0
+
+
+def set_device(device) -> None:
+    index = torch.device(device).index if not isinstance(device, int) else device
+    if index not in (None, 0):
+        raise ValueError(f"neuron:{index} does not exist: one NeuronCore per process (neuron:0)")
+
+
+@contextlib.contextmanager
+def device(index):
+    set_device(index)
+    yield
+
+
+def get_device_name(device=None) -> str:
+    import os
+
+    return f"NeuronCore ({os.environ.get('NEURONCC_TARGET') or 'trn2'}, simulated)"
+
+
+def synchronize(device=None) -> None:
+    """Every op issued so far has finished (the simulator runs each op to completion)."""
+
+
+def manual_seed(seed: int) -> None:
+    """Random ops on the device draw from PyTorch's CPU generator (Note [device ops]), so
+    seeding the device seeds that (torch.manual_seed calls this after seeding it)."""
+    torch.default_generator.manual_seed(seed)
+
+
+def manual_seed_all(seed: int) -> None:
+    torch.default_generator.manual_seed(seed)
+
+
+def seed() -> None:
+    torch.default_generator.seed()
+
+
+def seed_all() -> None:
+    torch.default_generator.seed()
+
+
+def initial_seed() -> int:
+    return torch.initial_seed()
+
+
+def get_rng_state(device=None) -> torch.Tensor:
+    return torch.get_rng_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device=None) -> None:
+    torch.set_rng_state(new_state)
+
+
+def memory_allocated(device=None) -> int:
+    return HBM.allocated
+
+
+def max_memory_allocated(device=None) -> int:
+    return HBM.peak
+
+
+def memory_reserved(device=None) -> int:
+    return HBM.allocated
+
+
+def max_memory_reserved(device=None) -> int:
+    return HBM.peak
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    HBM.reset_peak()
+
+
+def mem_get_info(device=None) -> tuple[int, int]:
+    """(free, total) bytes of the simulated HBM."""
+    return HBM.capacity - HBM.allocated, HBM.capacity
+
+
+def memory_stats(device=None) -> dict[str, int]:
+    return {
+        "allocated_bytes.all.current": HBM.allocated,
+        "allocated_bytes.all.peak": HBM.peak,
+        "allocation.all.allocated": HBM.allocations,
+        "reserved_bytes.all.current": HBM.allocated,
+        "reserved_bytes.all.peak": HBM.peak,
+    }
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    """What `torch.autocast("neuron", dtype=...)` accepts. Autocast on the device casts nothing
+    yet (its dispatch key falls through: ops run at their own dtypes); libraries that enter
+    it disabled (activation checkpointing's recompute) need it to exist."""
+    return [torch.bfloat16, torch.float16, torch.float32]
+
+
+def empty_cache() -> None:
+    """Nothing is cached: freed tensors give their bytes back at once."""

@@ -1,0 +1,208 @@
+"""The `neuron` device (neuroncc/device): registered on `import torch`, eager ops compiled and
+run on the simulator against CPU results, PyTorch's aliasing, device memory and its errors."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import neuroncc
+from neuroncc.device import eager
+
+pytestmark = pytest.mark.filterwarnings("ignore:neuroncc runs")
+
+
+def test_the_device_is_registered_by_import_torch_alone():
+    code = textwrap.dedent(
+        """
+        import torch
+        x = torch.randn(4, 4, device="neuron")
+        y = (x @ x).cpu()
+        assert torch.allclose(y, x.cpu() @ x.cpu(), atol=1e-5)
+        assert x.is_neuron and torch.neuron.is_available() and torch.neuron.device_count() == 1
+        assert torch.accelerator.current_accelerator().type == "neuron"
+        import neuroncc
+        s = neuroncc.stats()
+        assert s["eager_executions"] == 1 and s["eager_device_seconds"] > 0, s
+        """
+    )
+    subprocess.run(
+        [sys.executable, "-c", code], check=True, env=os.environ | {"PYTHONWARNINGS": "ignore"}
+    )
+
+
+def test_a_registration_that_cannot_happen_says_why_and_leaves_the_backend_working():
+    code = textwrap.dedent(
+        """
+        import warnings, torch
+        torch.utils.backend_registration._setup_privateuseone_for_python_backend("other")
+        import neuroncc.device
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            neuroncc.device.autoload()
+        assert "already the 'other' device" in neuroncc.device.unavailable()
+        assert any("neuron device is unavailable" in str(x.message) for x in w)
+        f = torch.compile(lambda a: a * 2 + 1, backend="neuron")
+        assert torch.equal(f(torch.ones(3)), torch.full((3,), 3.0))
+        """
+    )
+    env = os.environ | {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "PYTHONWARNINGS": "ignore"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+def _both(fn, *tensors):
+    """fn on CPU tensors and on their copies on the device, the device's results brought back."""
+    want = fn(*tensors)
+    got = fn(*(t.to("neuron") for t in tensors))
+    return torch.utils._pytree.tree_map(
+        lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, got
+    ), want
+
+
+OPS = {
+    "matmul": (lambda a, b: a @ b, [(24, 40), (40, 16)]),
+    "add_mul": (lambda a, b: a * 2 + b, [(8, 33), (8, 33)]),
+    "broadcast": (lambda a, b: a - b, [(8, 33), (33,)]),
+    "softmax": (lambda a: torch.softmax(a, -1), [(6, 50)]),
+    "sum": (lambda a: a.sum(0), [(12, 20)]),
+    "layer_norm": (lambda a: torch.nn.functional.layer_norm(a, (20,)), [(12, 20)]),
+    "gelu": (lambda a: torch.nn.functional.gelu(a), [(5, 64)]),
+    "transposed": (lambda a: a.t() @ a, [(16, 8)]),
+    "rmsnorm": (lambda a: a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-6), [(4, 96)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_eager_ops_equal_cpu(name):
+    fn, shapes = OPS[name]
+    torch.manual_seed(0)
+    got, want = _both(fn, *(torch.randn(s) for s in shapes))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_an_op_compiles_once_per_signature_and_runs_on_the_simulator(fresh):
+    a = torch.randn(16, 16, device="neuron")
+    b = a * 3.0
+    compiles = neuroncc.stats()["compiles"]
+    for _ in range(3):
+        c = a * 3.0
+    s = neuroncc.stats()
+    assert s["compiles"] == compiles, "a second call of one signature compiled again"
+    assert s["eager_executions"] >= 4 and s["eager_device_seconds"] > 0, s
+    assert torch.equal(b.cpu(), c.cpu())
+    d = torch.randn(16, 17, device="neuron") * 3.0  # another shape: a compile
+    assert neuroncc.stats()["compiles"] > compiles and d.shape == (16, 17)
+
+
+def test_in_place_and_out_ops_write_their_argument():
+    a = torch.randn(6, 7)
+    x = a.to("neuron")
+    y = x.add_(1.0)
+    assert y is x
+    out = torch.empty(0, device="neuron")
+    z = torch.mul(x, 2.0, out=out)
+    assert z is out and out.shape == (6, 7)
+    torch.testing.assert_close(out.cpu(), (a + 1) * 2)
+
+
+def test_views_share_the_device_bytes():
+    x = torch.zeros(4, 6, device="neuron")
+    v = x[1:3, ::2]
+    v.fill_(5.0)
+    t = x.t()
+    assert t.data_ptr() == x.data_ptr() and v.untyped_storage().data_ptr() == x.data_ptr()
+    want = torch.zeros(4, 6)
+    want[1:3, ::2] = 5.0
+    assert torch.equal(x.cpu(), want) and torch.equal(t.cpu(), want.t())
+
+
+@given(
+    steps=st.lists(
+        st.sampled_from(["slice", "transpose", "add_", "mul_", "view", "select", "fill_"]),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_chains_of_views_and_in_place_ops_alias_as_on_cpu(steps):
+    base_cpu = torch.arange(48.0).reshape(6, 8)
+    base_dev = base_cpu.to("neuron")
+    cur = [base_cpu, base_dev]
+    for step in steps:
+        for k, t in enumerate(cur):
+            if step == "slice" and t.dim() == 2 and t.shape[0] > 1:
+                t = t[1:]
+            elif step == "transpose" and t.dim() == 2:
+                t = t.t()
+            elif step == "select" and t.dim() == 2:
+                t = t[0]
+            elif step == "view" and t.is_contiguous():
+                t = t.view(-1)
+            elif step == "add_":
+                t.add_(1.0)
+            elif step == "mul_":
+                t.mul_(2.0)
+            elif step == "fill_":
+                t.fill_(3.0)
+            cur[k] = t
+    assert torch.equal(cur[1].cpu(), cur[0])
+    assert torch.equal(base_dev.cpu(), base_cpu)
+
+
+def test_training_a_small_mlp_on_the_device_matches_cpu():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
+    dev = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
+    dev.load_state_dict(model.state_dict())
+    dev.to("neuron")
+    x, y = torch.randn(16, 12), torch.randint(0, 3, (16,))
+    for m, xs, ys in ((model, x, y), (dev, x.to("neuron"), y.to("neuron"))):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        for _ in range(2):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(m(xs), ys).backward()
+            opt.step()
+    for p, q in zip(model.parameters(), dev.parameters(), strict=True):
+        assert q.device.type == "neuron"
+        torch.testing.assert_close(q.detach().cpu(), p.detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_mixing_devices_raises_pytorchs_error():
+    x = torch.ones(3, 3, device="neuron")
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        x + torch.ones(3, 3)
+    assert torch.equal((x + torch.tensor(1.0)).cpu(), torch.full((3, 3), 2.0))  # a CPU scalar
+
+
+def test_device_memory_is_counted_and_an_allocation_past_hbm_is_refused():
+    before = torch.neuron.memory_allocated()
+    x = torch.empty(1024, 256, device="neuron")
+    assert torch.neuron.memory_allocated() == before + 2**20
+    with pytest.raises(torch.OutOfMemoryError, match="12.00 GiB of HBM"):
+        torch.empty(2**34, device="neuron")
+    assert torch.neuron.memory_allocated() == before + 2**20  # nothing lost
+    free, total = torch.neuron.mem_get_info()
+    assert total == 12 * 2**30 and free == total - torch.neuron.memory_allocated()
+    del x
+    assert torch.neuron.memory_allocated() == before
+    assert (torch.ones(2, device="neuron") + 1).cpu().tolist() == [2.0, 2.0]  # still usable
+
+
+def test_random_ops_equal_cpu_under_a_seed():
+    torch.manual_seed(3)
+    want = torch.randn(5, 7)
+    torch.manual_seed(3)
+    got = torch.randn(5, 7, device="neuron")
+    assert torch.equal(got.cpu(), want)
+
+
+def test_data_dependent_ops_run_on_the_host_and_are_counted(fresh):
+    x = torch.tensor([0.0, 2.0, 0.0, 3.0], device="neuron")
+    idx = torch.nonzero(x)
+    assert idx.device.type == "neuron" and idx.cpu().flatten().tolist() == [1, 3]
+    assert "aten.nonzero.default" in neuroncc.stats()["fallback_nodes"]
+    assert eager._CACHE  # the signatures seen (this one as a host op)
