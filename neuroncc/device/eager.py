@@ -173,7 +173,8 @@ def _to_device(out, originals: dict[int, torch.Tensor]) -> Any:
     def convert(x):
         if not isinstance(x, torch.Tensor):
             return x
-        return originals.get(id(x)) or memory.adopt(x)
+        arg = originals.get(id(x))
+        return memory.adopt(x) if arg is None else arg
 
     return pytree.tree_map(convert, out)
 

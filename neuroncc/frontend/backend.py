@@ -68,6 +68,11 @@ class GraphRunner:
         self.eager = False
 
     def __call__(self, *args: Any) -> list[torch.Tensor | None]:
+        if any(isinstance(a, torch.Tensor) and a.device.type == "neuron" for a in args):
+            return _on_device(self._run, args)
+        return self._run(*args)
+
+    def _run(self, *args: Any) -> list[torch.Tensor | None]:
         if self.eager:
             return _as_list(self.gm(*args))
         if self.timing_only:
@@ -105,6 +110,28 @@ class RegionModule(torch.nn.Module):
     def forward(self, *args: Any) -> Any:
         outs = self.run(*args)
         return tuple(outs) if self.returns_tuple else outs[0]
+
+
+def _on_device(run: Callable[..., list], args: Sequence[Any]) -> list:
+    """run on the host views of `neuron` tensors (the bytes that stand for HBM: Note [device
+    memory]), its results as `neuron` tensors over the bytes they were computed into; an
+    argument returned as it is stays that argument."""
+    from neuroncc.device.memory import adopt, host_view
+
+    hosts, same = [], {}
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.device.type == "neuron":
+            h = host_view(a)
+            same[h.data_ptr(), h.shape, h.stride()] = a
+            a = h
+        hosts.append(a)
+    out = []
+    for o in run(*hosts):
+        if isinstance(o, torch.Tensor) and o.device.type == "cpu":
+            arg = same.get((o.data_ptr(), o.shape, o.stride()))
+            o = adopt(o) if arg is None else arg
+        out.append(o)
+    return out
 
 
 def compile_region(

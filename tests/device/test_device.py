@@ -206,3 +206,37 @@ def test_data_dependent_ops_run_on_the_host_and_are_counted(fresh):
     assert idx.device.type == "neuron" and idx.cpu().flatten().tolist() == [1, 3]
     assert "aten.nonzero.default" in neuroncc.stats()["fallback_nodes"]
     assert eager._CACHE  # the signatures seen (this one as a host op)
+
+
+def test_torch_compile_on_device_tensors_returns_device_tensors(fresh):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+    x = torch.randn(4, 16)
+    want = model(x)
+    model.to("neuron")
+    got = torch.compile(model, backend="neuron")(x.to("neuron"))
+    assert got.device.type == "neuron"
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
+    assert neuroncc.stats()["executions"] == 1  # the compiled graph, not eager ops
+
+
+def test_a_hugging_face_model_generates_the_cpu_tokens_on_the_device():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    model = LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 128, (1, 8))
+    with torch.no_grad():
+        want = model.generate(ids, max_new_tokens=4, do_sample=False)
+        model.to("neuron")
+        got = model.generate(ids.to("neuron"), max_new_tokens=4, do_sample=False)
+    assert got.device.type == "neuron" and torch.equal(got.cpu(), want)
