@@ -11,6 +11,7 @@ import contextlib
 
 import torch
 
+from neuroncc.device.clock import Event  # noqa: F401 (torch.neuron.Event)
 from neuroncc.device.memory import HBM
 
 
@@ -53,7 +54,7 @@ def get_device_name(device=None) -> str:
 
 
 def synchronize(device=None) -> None:
-    """Every op issued so far has finished (the simulator runs each op to completion)."""
+    """Every op issued so far has finished (Note [device clock])."""
 
 
 def manual_seed(seed: int) -> None:

@@ -68,6 +68,11 @@ class Stats:
         with self._lock:
             self._values[key] += amount
 
+    def value(self, key: str) -> float:
+        """One counter's value (what snapshot() reports, without building the rest)."""
+        with self._lock:
+            return self._values[key]
+
     def add_execution(self, graph: str, prof: Any, compiled: Any) -> None:
         """One execution of `compiled` (a CompiledExecutable) with timing.Profile `prof`."""
         seconds = prof.device_ns * 1e-9

@@ -240,3 +240,26 @@ def test_a_hugging_face_model_generates_the_cpu_tokens_on_the_device():
         model.to("neuron")
         got = model.generate(ids.to("neuron"), max_new_tokens=4, do_sample=False)
     assert got.device.type == "neuron" and torch.equal(got.cpu(), want)
+
+
+def test_events_time_device_work_on_the_simulated_clock(fresh):
+    from neuroncc.device import clock
+
+    x = torch.randn(64, 64, device="neuron")
+    y = x @ x  # compiled before timing
+    start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
+    before = neuroncc.stats()
+    start.record()
+    for _ in range(3):
+        y = x @ x
+    end.record()
+    torch.neuron.synchronize()
+    after = neuroncc.stats()
+    device = after["eager_device_seconds"] - before["eager_device_seconds"]
+    ops = after["eager_executions"] - before["eager_executions"]
+    assert ops == 3 and device > 0
+    want_ms = (device * 1e9 + ops * clock.LAUNCH_NS) * 1e-6
+    assert start.elapsed_time(end) == pytest.approx(want_ms)
+    with pytest.raises(RuntimeError, match="enable_timing"):
+        torch.neuron.Event().elapsed_time(end)
+    assert y.shape == (64, 64)
