@@ -13,6 +13,7 @@ output shape depends on the data: `nonzero`, `unique`) run on the host, counted 
 
 from __future__ import annotations
 
+import functools
 import threading
 import warnings
 from collections.abc import Callable
@@ -43,12 +44,15 @@ _LOCK = threading.Lock()
 def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     """op on `neuron` tensors, compiled (or on the host if it cannot be), with PyTorch's
     results: new `neuron` tensors, or the arguments an in-place or `out=` op returns."""
-    leaves, spec = pytree.tree_flatten((args, kwargs))
+    if not kwargs and all(type(x) in _FLAT for x in args):  # most ops: no lists, no kwargs
+        leaves, spec = list(args), None
+    else:
+        leaves, spec = pytree.tree_flatten((args, kwargs))
     positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
     tensors = [leaves[i] for i in positions]
     _check_devices(op, tensors)
     hosts = [memory.host_view(t) if t.device.type == memory.DEVICE else t for t in tensors]
-    key = _signature(op, leaves, positions, spec)
+    key = _signature(op, leaves, spec)
     with _LOCK:
         compiled = _CACHE.get(key, ...)
     if compiled is ...:
@@ -57,13 +61,16 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
             _CACHE[key] = compiled
     if compiled is None:
         return _on_host(op, leaves, positions, spec, tensors, hosts)
-    values = compiled.run(list(hosts))
+    values = compiled.run(hosts)
     for k, value in zip(compiled.writes, values, strict=False):
         if tensors[k].shape != value.shape:  # an `out=` argument takes the result's shape
             tensors[k].resize_(value.shape)
         memory.host_view(tensors[k]).copy_(value)
     outs = values[len(compiled.writes) :]
     return _results(op, args, kwargs, outs)
+
+
+_FLAT = (torch.Tensor, int, float, bool, type(None), torch.dtype)  # (a Parameter is flat too)
 
 
 def _check_devices(op, tensors: list[torch.Tensor]) -> None:
@@ -75,16 +82,17 @@ def _check_devices(op, tensors: list[torch.Tensor]) -> None:
             )
 
 
-def _signature(op, leaves: list, positions: list[int], spec) -> Any:
-    tensor_at = set(positions)
-    parts = [op, str(spec)]
-    for i, x in enumerate(leaves):
-        if i in tensor_at:
-            parts.append((tuple(x.shape), x.dtype, x.device.type))
+def _signature(op, leaves: list, spec) -> Any:
+    parts = [op, spec]
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            parts.append((x.shape, x.dtype, x.is_cpu))
+        elif isinstance(x, float):
+            parts.append(repr(x))  # nan equals itself, -0.0 differs from 0.0
         elif isinstance(x, (torch.dtype, torch.device, torch.memory_format, torch.layout)):
             parts.append(str(x))
         else:
-            parts.append((type(x).__name__, repr(x)))
+            parts.append((type(x), x))
     return tuple(parts)
 
 
@@ -99,7 +107,7 @@ def _compile(op, leaves: list, positions: list[int], spec, hosts: list) -> Compi
         flat = list(leaves)
         for i, t in zip(positions, ts, strict=True):
             flat[i] = t
-        a, k = pytree.tree_unflatten(flat, spec)
+        a, k = (flat, {}) if spec is None else pytree.tree_unflatten(flat, spec)
         return op(*a, **k)
 
     try:
@@ -162,7 +170,7 @@ def _on_host(op, leaves, positions, spec, tensors, hosts) -> Any:
     flat = list(leaves)
     for i, h in zip(positions, hosts, strict=True):
         flat[i] = h
-    a, k = pytree.tree_unflatten(flat, spec)
+    a, k = (flat, {}) if spec is None else pytree.tree_unflatten(flat, spec)
     out = op(*a, **k)
     return _to_device(out, dict(zip(map(id, hosts), tensors, strict=True)))
 
@@ -182,19 +190,12 @@ def _to_device(out, originals: dict[int, torch.Tensor]) -> Any:
 def _results(op, args: tuple, kwargs: dict, outs: list) -> Any:
     """What op returns: for each of its schema's returns, the argument it aliases (in-place
     and `out=` ops) or a new `neuron` tensor over the computed value."""
-    schema = op._schema
-    returns = schema.returns
-    by_alias = {}
-    for k, arg in enumerate(schema.arguments):
-        if arg.alias_info is not None and arg.alias_info.is_write:
-            value = args[k] if k < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
-            by_alias[frozenset(arg.alias_info.before_set)] = value
     values = iter(outs)
     result = []
-    for r in returns:
-        alias = r.alias_info
-        if alias is not None and alias.is_write:
-            result.append(by_alias[frozenset(alias.before_set)])
+    for written in _returns(op):
+        if written is not None:
+            position, name = written
+            result.append(args[position] if position < len(args) else kwargs[name])
             next(values, None)
         else:
             value = next(values)
@@ -202,6 +203,22 @@ def _results(op, args: tuple, kwargs: dict, outs: list) -> Any:
                 result.append([memory.adopt(v) for v in value])
             else:
                 result.append(memory.adopt(value) if isinstance(value, torch.Tensor) else value)
-    if len(returns) == 1:
-        return result[0]
-    return tuple(result)
+    return result[0] if len(result) == 1 else tuple(result)
+
+
+@functools.cache
+def _returns(op) -> tuple:
+    """Per return of op's schema: the (position, name) of the argument it writes and returns
+    (in-place and `out=` ops), or None for a new value."""
+    schema = op._schema
+    written = {}
+    for k, arg in enumerate(schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            position = len(schema.arguments) if arg.kwarg_only else k
+            written[frozenset(arg.alias_info.before_set)] = (position, arg.name)
+    return tuple(
+        written[frozenset(r.alias_info.before_set)]
+        if r.alias_info is not None and r.alias_info.is_write
+        else None
+        for r in schema.returns
+    )

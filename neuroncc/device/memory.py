@@ -121,9 +121,18 @@ def empty_strided(size, stride, dtype: torch.dtype | None) -> torch.Tensor:
             f"neuron out of memory: the host has no {_size(nbytes)} free to stand for the "
             "simulated HBM this tensor needs"
         ) from None
+    return _tensor(_device_storage(host, nbytes), size, stride, dtype)
+
+
+_SET = torch.ops.aten.set_.source_Storage_storage_offset
+_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
+
+def _tensor(storage: torch.UntypedStorage, size, stride, dtype: torch.dtype) -> torch.Tensor:
+    """A new `neuron` tensor over storage (PyTorch's own set_, as the device's set_ kernel
+    does, without the dispatch to it: the tensor is new, so no autograd to record)."""
     t = torch._C._acc.create_empty_tensor(size, dtype)
-    t.set_(_device_storage(host, nbytes), 0, size, stride)
-    return t
+    return _SET.redispatch(_CPU, t, storage, 0, size, stride)
 
 
 def empty(size, dtype: torch.dtype | None) -> torch.Tensor:
@@ -153,6 +162,5 @@ def adopt(cpu: torch.Tensor) -> torch.Tensor:
     nbytes = cpu.numel() * cpu.element_size()
     HBM.take(nbytes)
     host = cpu.view(-1).view(torch.uint8) if cpu.numel() else torch.empty(1, dtype=torch.uint8)
-    t = torch._C._acc.create_empty_tensor(tuple(cpu.shape), cpu.dtype)
-    t.set_(_device_storage(host, nbytes), 0, tuple(cpu.shape), contiguous_strides(cpu.shape))
-    return t
+    shape = tuple(cpu.shape)
+    return _tensor(_device_storage(host, nbytes), shape, contiguous_strides(shape), cpu.dtype)

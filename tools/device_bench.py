@@ -1,0 +1,161 @@
+"""The `neuron` device's host costs (issue 21), as ratios measured in one run.
+
+    python tools/device_bench.py            # all three
+    python tools/device_bench.py --json device.json
+
+1. `import torch` with the device's autoload against `TORCH_DEVICE_BACKEND_AUTOLOAD=0`: the
+   fastest of --imports fresh processes each, interleaved.
+2. Host time per cached eager op beyond its simulation: for a few small ops on `neuron`
+   tensors, each call's wall time less the time its compiled program took inside it (the
+   simulator's run), the median over calls. Target: at most 30 us.
+3. A tiny Llama's greedy `generate` on the device (second call: every op compiled) against
+   CPU eager, in one process. Target: at most 3x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+
+import torch
+
+
+def import_cost(runs: int) -> dict:
+    """The fastest of `runs` fresh processes each way, interleaved (the machine's noise only
+    ever adds time)."""
+
+    def once(autoload: str) -> float:
+        code = "import time; t = time.perf_counter(); import torch; print(time.perf_counter() - t)"
+        env = os.environ | {"TORCH_DEVICE_BACKEND_AUTOLOAD": autoload}
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
+        return float(out.stdout.split()[-1])
+
+    on, off = [], []
+    for _ in range(runs):
+        on.append(once("1"))
+        off.append(once("0"))
+    return {
+        "import_torch_s": min(on),
+        "without_autoload_s": min(off),
+        "added_s": min(on) - min(off),
+    }
+
+
+OPS = {
+    "add": lambda a, b: a + b,
+    "mul_scalar": lambda a, b: a * 3.0,
+    "matmul": lambda a, b: a @ b,
+    "softmax": lambda a, b: torch.softmax(a, -1),
+}
+
+
+def op_overhead(n: int) -> dict:
+    """Per op: each call's wall time, and within it the time its compiled program took (its
+    CompiledOp.run, timed by a wrapper); the host time is the difference, call by call."""
+    from neuroncc.device import eager
+
+    a, b = torch.randn(64, 64, device="neuron"), torch.randn(64, 64, device="neuron")
+    rows = {}
+    for name, fn in OPS.items():
+        known = set(eager._CACHE)
+        fn(a, b)  # compiled here
+        programs = [c for k, c in eager._CACHE.items() if k not in known and c is not None]
+        spent = []
+        for c in programs:
+            c.run = _timed(c.run, spent)
+        host, total = [], []
+        for _ in range(n):
+            spent.clear()
+            t = time.perf_counter()
+            fn(a, b)
+            wall = time.perf_counter() - t
+            total.append(wall)
+            host.append(wall - sum(spent))
+        rows[name] = {
+            "op_us": statistics.median(total) * 1e6,
+            "host_us": statistics.median(host) * 1e6,
+        }
+    rows["median_host_us"] = statistics.median(r["host_us"] for r in rows.values())
+    return rows
+
+
+def _timed(run, spent: list):
+    def timed(args):
+        t = time.perf_counter()
+        out = run(args)
+        spent.append(time.perf_counter() - t)
+        return out
+
+    return timed
+
+
+def generate_ratio() -> dict:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    model = LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 128, (1, 8))
+
+    def generate(device: str) -> float:
+        t = time.perf_counter()
+        with torch.no_grad():
+            model.generate(ids.to(device), max_new_tokens=8, do_sample=False)
+        return time.perf_counter() - t
+
+    generate("cpu")
+    cpu = min(generate("cpu") for _ in range(3))
+    model.to("neuron")
+    first = generate("neuron")
+    device = min(generate("neuron") for _ in range(3))
+    return {"cpu_s": cpu, "device_first_s": first, "device_s": device, "ratio": device / cpu}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--imports", type=int, default=8, help="processes per import timing")
+    p.add_argument("--calls", type=int, default=200, help="calls per op timing")
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args()
+    warnings.simplefilter("ignore")
+    out = {
+        "import": import_cost(args.imports),
+        "eager_op": op_overhead(args.calls),
+        "generate": generate_ratio(),
+    }
+    imp, ops, gen = out["import"], out["eager_op"], out["generate"]
+    print(
+        f"import torch: {imp['import_torch_s']:.3f} s, {imp['without_autoload_s']:.3f} s "
+        f"without the autoload (+{imp['added_s'] * 1e3:.0f} ms)"
+    )
+    for name in OPS:
+        r = ops[name]
+        print(f"  {name:<11} op {r['op_us']:7.1f} us, of which host {r['host_us']:6.1f} us")
+    print(f"eager op host time beyond simulation: median {ops['median_host_us']:.1f} us (<= 30)")
+    print(
+        f"tiny Llama generate: device {gen['device_s']:.3f} s, CPU {gen['cpu_s']:.3f} s, "
+        f"{gen['ratio']:.1f}x (<= 3); first call {gen['device_first_s']:.2f} s"
+    )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
