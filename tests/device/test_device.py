@@ -263,3 +263,13 @@ def test_events_time_device_work_on_the_simulated_clock(fresh):
     with pytest.raises(RuntimeError, match="enable_timing"):
         torch.neuron.Event().elapsed_time(end)
     assert y.shape == (64, 64)
+
+
+def test_the_main_job_runs_on_the_device(fresh, capsys, monkeypatch):
+    from neuroncc.__main__ import main
+
+    monkeypatch.setenv("NEURONCC_TARGET", "trn2")  # main sets it for the device: restored after
+
+    assert main(["--device", "neuron", "--layers", "1", "--seq", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "eager on the neuron device:" in out and "0 ops on the host" in out and "MATCH" in out
