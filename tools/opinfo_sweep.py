@@ -3,6 +3,7 @@
     python tools/opinfo_sweep.py                      # every float32 OpInfo, report to stdout
     python tools/opinfo_sweep.py --json report.json   # and per-op results as JSON
     python tools/opinfo_sweep.py --ops add,mul,softmax --samples 3
+    python tools/opinfo_sweep.py --device             # eagerly on the neuron device instead
 
 Per op, float32 forward (and gradients where the OpInfo supports autograd) on its first samples:
 - compiled: every sample matched eager and nothing ran eagerly;
@@ -124,12 +125,13 @@ def _grads(fn, tensors, out_fn):
     if not leaves or not outs:
         return None
     gen = torch.Generator().manual_seed(0)
-    loss = sum((o * torch.randn(o.shape, generator=gen)).sum() for o in outs)
+    loss = sum((o * torch.randn(o.shape, generator=gen).to(o.device)).sum() for o in outs)
     return torch.autograd.grad(loss, leaves, allow_unused=True)
 
 
-def run_sample(op, sample, grads: bool) -> tuple[str, list[str]]:
-    """'ok' / 'eager-fails' and the ops that fell back, raising on mismatch or compile error."""
+def run_sample(op, sample, grads: bool, device: bool = False) -> tuple[str, list[str]]:
+    """'ok' / 'eager-fails' and the ops that fell back, raising on mismatch or compile error.
+    With `device`, the sample runs eagerly on the `neuron` device instead of compiled."""
     tensors, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
     is_tensor = [isinstance(t, torch.Tensor) for t in tensors]
     inputs = [t for t in tensors if isinstance(t, torch.Tensor)]
@@ -148,6 +150,8 @@ def run_sample(op, sample, grads: bool) -> tuple[str, list[str]]:
         return "eager-fails", []
     torch._dynamo.reset()
     neuroncc.reset_stats()
+    if device:
+        return _on_device(op, fn, inputs, want, want_g)
     compiled = torch.compile(fn, backend="neuron", dynamic=False)
     got = compiled(*inputs)
     tol = TOL_OVERRIDES.get(op.name, TOL)
@@ -172,6 +176,35 @@ def run_sample(op, sample, grads: bool) -> tuple[str, list[str]]:
     return "ok", fell_back
 
 
+def _on_device(op, fn, inputs, want, want_g) -> tuple[str, list[str]]:
+    """The sample run eagerly on the `neuron` device (each op compiled and simulated), its
+    results and gradients brought back and compared with CPU's."""
+
+    def to_device(t):
+        return t.detach().to("neuron").requires_grad_(t.requires_grad)
+
+    def to_cpu(x):
+        return x.detach().cpu() if isinstance(x, torch.Tensor) else x
+
+    on = [to_device(t) for t in inputs]
+    got = fn(*on)
+    tol = TOL_OVERRIDES.get(op.name, TOL)
+    _compare(pytree.tree_map(to_cpu, got), want, _metadata_only(op.name), tol)
+    if want_g is not None:
+        got_g = _grads(fn, on, lambda: got)
+        if got_g is not None:
+            _compare(
+                [g.cpu() for g in got_g if g is not None],
+                [g for g in want_g if g is not None],
+                _metadata_only(op.name),
+                tol,
+            )
+    stats = neuroncc.stats()
+    if stats["compiler_errors"]:
+        raise RuntimeError(f"internal compiler error (stages {stats['compiler_errors']})")
+    return "ok", sorted(stats["fallback_nodes"])
+
+
 def _first_line(e: Exception) -> str:
     """The informative line of an error (Dynamo wraps backend errors after 'raised:')."""
     lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
@@ -181,7 +214,7 @@ def _first_line(e: Exception) -> str:
     return f"{type(e).__name__}: {lines[0][:300] if lines else ''}"
 
 
-def run_op(op, samples: int, grads: bool) -> Result:
+def run_op(op, samples: int, grads: bool, device: bool = False) -> Result:
     if torch.float32 not in op.supported_dtypes("cpu"):
         return Result(
             op.full_name if hasattr(op, "full_name") else op.name, "skipped", detail="no float32"
@@ -194,7 +227,7 @@ def run_op(op, samples: int, grads: bool) -> Result:
         for i, sample in enumerate(gen):
             if i >= samples:
                 break
-            status, fell_back = run_sample(op, sample, grads)
+            status, fell_back = run_sample(op, sample, grads, device)
             if status == "ok":
                 result.samples += 1
                 fallback.update(fell_back)
@@ -226,6 +259,7 @@ def sweep(
     grads: bool = True,
     progress: bool = False,
     timeout: int = 60,
+    device: bool = False,
 ) -> list[Result]:
     from torch.testing._internal.common_methods_invocations import op_db
 
@@ -238,7 +272,7 @@ def sweep(
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                results.append(run_op(op, samples, grads))
+                results.append(run_op(op, samples, grads, device))
         except _Timeout:
             results.append(Result(op.name, "error", detail=f"timeout after {timeout} s"))
         finally:
@@ -285,9 +319,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-grads", action="store_true", help="forward only")
     p.add_argument("--json", help="write per-op results here")
     p.add_argument("--timeout", type=int, default=60, help="seconds per op (default 60)")
+    p.add_argument(
+        "--device", action="store_true", help="run eagerly on the neuron device, not compiled"
+    )
     args = p.parse_args(argv)
     names = args.ops.split(",") if args.ops else None
-    results = sweep(names, args.samples, not args.no_grads, progress=True, timeout=args.timeout)
+    results = sweep(names, args.samples, not args.no_grads, True, args.timeout, device=args.device)
     for r in results:
         if r.status in ("mismatch", "error", "fallback"):
             extra = f"  falls back: {', '.join(r.fallback_ops)}" if r.fallback_ops else ""
