@@ -220,7 +220,7 @@ def test_torch_compile_on_device_tensors_returns_device_tensors(fresh):
     assert neuroncc.stats()["executions"] == 1  # the compiled graph, not eager ops
 
 
-def test_a_hugging_face_model_generates_the_cpu_tokens_on_the_device():
+def _tiny_llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -233,13 +233,41 @@ def test_a_hugging_face_model_generates_the_cpu_tokens_on_the_device():
         num_key_value_heads=2,
         max_position_embeddings=64,
     )
-    model = LlamaForCausalLM(cfg).eval()
+    return LlamaForCausalLM(cfg).eval()
+
+
+def test_a_hugging_face_model_generates_the_cpu_tokens_on_the_device():
+    model = _tiny_llama()
     ids = torch.randint(0, 128, (1, 8))
     with torch.no_grad():
         want = model.generate(ids, max_new_tokens=4, do_sample=False)
         model.to("neuron")
         got = model.generate(ids.to("neuron"), max_new_tokens=4, do_sample=False)
     assert got.device.type == "neuron" and torch.equal(got.cpu(), want)
+
+
+def test_from_pretrained_onto_the_device_and_compiled_generate(tmp_path, fresh):
+    """device_map="neuron" loads the weights onto the device; generate with the static cache
+    and compile_config compiles the decode step over device tensors."""
+    from transformers import AutoModelForCausalLM, CompileConfig
+
+    model = _tiny_llama()
+    model.save_pretrained(tmp_path)
+    ids = torch.randint(0, 128, (1, 8))
+    with torch.no_grad():
+        want = model.generate(ids, max_new_tokens=4, do_sample=False)
+        dev = AutoModelForCausalLM.from_pretrained(tmp_path, device_map="neuron")
+        assert all(p.device.type == "neuron" for p in dev.parameters())
+        got = dev.generate(
+            ids.to("neuron"),
+            max_new_tokens=4,
+            do_sample=False,
+            cache_implementation="static",
+            compile_config=CompileConfig(backend="neuron", fullgraph=False),
+        )
+    assert torch.equal(got.cpu(), want)
+    s = neuroncc.stats()
+    assert s["executions"] > 0 and s["eager_executions"] > 0 and not s["compiler_errors"], s
 
 
 def test_events_time_device_work_on_the_simulated_clock(fresh):
