@@ -198,7 +198,7 @@ def _results(op, args: tuple, kwargs: dict, outs: list) -> Any:
             result.append(args[position] if position < len(args) else kwargs[name])
             next(values, None)
         else:
-            value = next(values)
+            value = next(values, None)  # (a graph leaves out a return that is None)
             if isinstance(value, (list, tuple)):
                 result.append([memory.adopt(v) for v in value])
             else:

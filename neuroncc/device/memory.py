@@ -151,12 +151,18 @@ def host_view(t: torch.Tensor) -> torch.Tensor:
     """A CPU tensor over the bytes of `neuron` tensor t, with its shape, strides and offset."""
     host = t.untyped_storage()._neuron_host
     out = torch.empty(0, dtype=t.dtype)
-    return out.set_(host.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+    out = out.set_(host.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+    if t.is_conj():  # PyTorch's lazy conjugate and negative bits go with the view
+        out = out.conj()
+    if t.is_neg():
+        out = torch._neg_view(out)
+    return out
 
 
 def adopt(cpu: torch.Tensor) -> torch.Tensor:
     """A `neuron` tensor over a CPU tensor's bytes (what a computation just produced in host
     memory standing for HBM), without copying them."""
+    cpu = cpu.resolve_conj().resolve_neg()  # lazy conjugate and negative bits: the values
     if not cpu.is_contiguous() or cpu.storage_offset():
         cpu = cpu.contiguous()
     nbytes = cpu.numel() * cpu.element_size()

@@ -153,6 +153,24 @@ def _set_storage(self, source, storage_offset=0, size=(), stride=()):
     )
 
 
+def _convolution(
+    input, weight, bias, stride, padding, dilation, transposed, output_padding, groups
+):
+    """PyTorch sends a convolution on a device it does not know here: compiled as
+    aten.convolution, the op the compiler lowers."""
+    args = (input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+    return eager.run(torch.ops.aten.convolution.default, args, {})
+
+
+def _convolution_backward(
+    grad, input, weight, stride, padding, dilation, transposed, output_padding, groups, mask
+):
+    bias_sizes = [weight.shape[1] * groups if transposed else weight.shape[0]] if mask[2] else None
+    args = (grad, input, weight, bias_sizes, stride, padding, dilation, transposed)
+    args = (*args, output_padding, groups, mask)
+    return eager.run(torch.ops.aten.convolution_backward.default, args, {})
+
+
 def _local_scalar_dense(self):
     return memory.host_view(self).item()
 
@@ -169,4 +187,6 @@ _SPECIAL = {
         self, source, 0, (source.nbytes() // self.element_size(),), (1,)
     ),
     "_local_scalar_dense": _local_scalar_dense,
+    "convolution_overrideable": _convolution,
+    "convolution_backward_overrideable": _convolution_backward,
 }
