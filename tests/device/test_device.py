@@ -153,22 +153,29 @@ def test_chains_of_views_and_in_place_ops_alias_as_on_cpu(steps):
     assert torch.equal(base_dev.cpu(), base_cpu)
 
 
-def test_training_a_small_mlp_on_the_device_matches_cpu():
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
-    dev = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
-    dev.load_state_dict(model.state_dict())
-    dev.to("neuron")
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_training_a_small_mlp_on_the_device_matches_cpu(compiled, fresh):
+    """Two AdamW (foreach) steps on the device, eagerly or through torch.compile, give the
+    CPU's parameters."""
+
+    def make():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
+
+    model, dev = make(), make().to("neuron")
+    step = torch.compile(dev, backend="neuron") if compiled else dev
     x, y = torch.randn(16, 12), torch.randint(0, 3, (16,))
-    for m, xs, ys in ((model, x, y), (dev, x.to("neuron"), y.to("neuron"))):
-        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for m, run, xs, ys in ((model, model, x, y), (dev, step, x.to("neuron"), y.to("neuron"))):
+        opt = torch.optim.AdamW(m.parameters(), lr=0.01, foreach=True)
         for _ in range(2):
             opt.zero_grad()
-            torch.nn.functional.cross_entropy(m(xs), ys).backward()
+            torch.nn.functional.cross_entropy(run(xs), ys).backward()
             opt.step()
     for p, q in zip(model.parameters(), dev.parameters(), strict=True):
         assert q.device.type == "neuron"
         torch.testing.assert_close(q.detach().cpu(), p.detach(), rtol=1e-4, atol=1e-5)
+    s = neuroncc.stats()
+    assert s["fallback_nodes"] == {} and (s["executions"] > 0) == compiled, s
 
 
 def test_mixing_devices_raises_pytorchs_error():
