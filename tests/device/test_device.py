@@ -308,3 +308,39 @@ def test_the_main_job_runs_on_the_device(fresh, capsys, monkeypatch):
     assert main(["--device", "neuron", "--layers", "1", "--seq", "16"]) == 0
     out = capsys.readouterr().out
     assert "eager on the neuron device:" in out and "0 ops on the host" in out and "MATCH" in out
+
+
+def test_a_diffusers_transformer_on_the_device_eager_and_regionally_compiled(fresh):
+    diffusers = pytest.importorskip("diffusers")
+    torch.manual_seed(0)
+    model = diffusers.FluxTransformer2DModel(
+        patch_size=1,
+        in_channels=4,
+        num_layers=1,
+        num_single_layers=1,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        joint_attention_dim=16,
+        pooled_projection_dim=8,
+        axes_dims_rope=(2, 2, 4),
+    ).eval()
+    inputs = {
+        "hidden_states": torch.randn(1, 16, 4),
+        "encoder_hidden_states": torch.randn(1, 5, 16),
+        "pooled_projections": torch.randn(1, 8),
+        "timestep": torch.tensor([0.5]),
+        "img_ids": torch.randn(16, 3),
+        "txt_ids": torch.randn(5, 3),
+    }
+    on_device = {k: v.to("neuron") for k, v in inputs.items()}
+    with torch.no_grad():
+        want = model(**inputs).sample
+        model.to("neuron")
+        eager_out = model(**on_device).sample
+        model.compile_repeated_blocks(backend="neuron")
+        compiled_out = model(**on_device).sample
+    for got in (eager_out, compiled_out):
+        assert got.device.type == "neuron"
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-4)
+    s = neuroncc.stats()
+    assert s["executions"] > 0 and s["eager_executions"] > 0 and s["fallback_nodes"] == {}, s
