@@ -44,6 +44,7 @@ _LOCK = threading.Lock()
 def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     """op on `neuron` tensors, compiled (or on the host if it cannot be), with PyTorch's
     results: new `neuron` tensors, or the arguments an in-place or `out=` op returns."""
+    args = _wrap_numbers(op, args)
     if not kwargs and all(type(x) in _FLAT for x in args):  # most ops: no lists, no kwargs
         leaves, spec = list(args), None
     else:
@@ -71,6 +72,27 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
 
 
 _FLAT = (torch.Tensor, int, float, bool, type(None), torch.dtype)  # (a Parameter is flat too)
+
+
+def _wrap_numbers(op, args: tuple) -> tuple:
+    """PyTorch hands a Python kernel the number a `Tensor` argument was given as (`x % 3`);
+    the op itself wants it as a tensor again."""
+    positions = _tensor_positions(op)
+    if not any(k < len(args) and isinstance(args[k], (int, float)) for k in positions):
+        return args
+    return tuple(
+        torch.tensor(x) if k in positions and isinstance(x, (int, float)) else x
+        for k, x in enumerate(args)
+    )
+
+
+@functools.cache
+def _tensor_positions(op) -> frozenset[int]:
+    return frozenset(
+        k
+        for k, a in enumerate(op._schema.arguments)
+        if str(a.type) == "Tensor" and not a.kwarg_only
+    )
 
 
 def _check_devices(op, tensors: list[torch.Tensor]) -> None:
