@@ -123,9 +123,7 @@ def memory_stats(device=None) -> dict[str, int]:
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
-    """What `torch.autocast("neuron", dtype=...)` accepts. Autocast on the device casts nothing
-    yet (its dispatch key falls through: ops run at their own dtypes); libraries that enter
-    it disabled (activation checkpointing's recompute) need it to exist."""
+    """What `torch.autocast("neuron", dtype=...)` accepts (its casts: device/autocast.py)."""
     return [torch.bfloat16, torch.float16, torch.float32]
 
 

@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from neuroncc.device import eager, memory
+from neuroncc.device import autocast, eager, memory
 
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _LIBRARIES: list[torch.library.Library] = []  # registrations live as long as their Library
@@ -41,9 +41,12 @@ def register_all() -> int:
         lib.impl(qualified, _Kernel(qualified), "PrivateUse1")
         count += 1
     _LIBRARIES.append(lib)
-    autocast = torch.library.Library("_", "IMPL")
-    autocast.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
-    _LIBRARIES.append(autocast)
+    fallthrough = torch.library.Library("_", "IMPL")
+    fallthrough.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
+    _LIBRARIES.append(fallthrough)  # ops autocast leaves alone run as they are
+    casts = torch.library.Library("aten", "IMPL")
+    autocast.register(casts)
+    _LIBRARIES.append(casts)
     return count
 
 

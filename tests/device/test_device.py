@@ -344,3 +344,21 @@ def test_a_diffusers_transformer_on_the_device_eager_and_regionally_compiled(fre
         torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-4)
     s = neuroncc.stats()
     assert s["executions"] > 0 and s["eager_executions"] > 0 and s["fallback_nodes"] == {}, s
+
+
+def test_autocast_on_the_device_follows_cudas_op_lists():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 8)
+    x = torch.randn(4, 16)
+    want = torch.nn.functional.linear(x.bfloat16(), lin.weight.bfloat16(), lin.bias.bfloat16())
+    lin.to("neuron")
+    xd = x.to("neuron").requires_grad_()
+    with torch.autocast("neuron", dtype=torch.bfloat16):
+        y = lin(xd)  # lower precision: bf16
+        s = torch.softmax(y, -1)  # fp32
+        z = y + 1  # not listed: as given
+    assert (y.dtype, s.dtype, z.dtype) == (torch.bfloat16, torch.float32, torch.bfloat16)
+    torch.testing.assert_close(y.cpu(), want)
+    s.sum().backward()  # backward through the casts
+    assert xd.grad.dtype == torch.float32 and xd.grad.device.type == "neuron"
+    assert lin(xd).dtype == torch.float32  # outside the region
