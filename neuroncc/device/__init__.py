@@ -53,12 +53,13 @@ def register() -> None:
     taken = torch._C._get_privateuse1_backend_name()
     if taken not in ("privateuseone", "neuron"):
         raise RuntimeError(f"PrivateUse1 is already the {taken!r} device")
-    from neuroncc.device import module, ops
+    from neuroncc.device import memory, module, ops
 
     torch.utils.backend_registration._setup_privateuseone_for_python_backend(
         rename="neuron", backend_module=module
     )
     ops.register_all()
+    memory.patch_storage_constructor()
     _self_test()
     _state["registered"] = True
 

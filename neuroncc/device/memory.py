@@ -108,10 +108,8 @@ def _device_storage(host: torch.Tensor, nbytes: int) -> torch.UntypedStorage:
     return storage
 
 
-def empty_strided(size, stride, dtype: torch.dtype | None) -> torch.Tensor:
-    dtype = dtype or torch.get_default_dtype()
-    size, stride = tuple(size), tuple(stride)
-    nbytes = storage_bytes(size, stride, dtype)
+def new_storage(nbytes: int) -> torch.UntypedStorage:
+    """nbytes of device memory (uninitialised)."""
     HBM.take(nbytes)
     try:
         host = torch.empty(max(nbytes, 1), dtype=torch.uint8)
@@ -121,7 +119,31 @@ def empty_strided(size, stride, dtype: torch.dtype | None) -> torch.Tensor:
             f"neuron out of memory: the host has no {_size(nbytes)} free to stand for the "
             "simulated HBM this tensor needs"
         ) from None
-    return _tensor(_device_storage(host, nbytes), size, stride, dtype)
+    return _device_storage(host, nbytes)
+
+
+def empty_strided(size, stride, dtype: torch.dtype | None) -> torch.Tensor:
+    dtype = dtype or torch.get_default_dtype()
+    size, stride = tuple(size), tuple(stride)
+    return _tensor(new_storage(storage_bytes(size, stride, dtype)), size, stride, dtype)
+
+
+def patch_storage_constructor() -> None:
+    """`torch.UntypedStorage(n, device="neuron")` (what `deepcopy`, `torch.load` and
+    `storage.clone()` call) would reach PyTorch's allocator for PrivateUse1, which a Python
+    backend cannot provide, and crash the process: such storages come from `new_storage`."""
+    original = torch.UntypedStorage.__new__
+
+    def new(cls, *args, device=None, **kwargs):
+        if device is None or torch.device(device).type != DEVICE:
+            return original(cls, *args, device=device, **kwargs)
+        if len(args) != 1 or not isinstance(args[0], int) or kwargs:
+            raise RuntimeError(
+                "a neuron storage is made as UntypedStorage(nbytes, device='neuron')"
+            )
+        return new_storage(args[0])
+
+    torch.UntypedStorage.__new__ = new
 
 
 _SET = torch.ops.aten.set_.source_Storage_storage_offset

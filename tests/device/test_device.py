@@ -362,3 +362,28 @@ def test_autocast_on_the_device_follows_cudas_op_lists():
     s.sum().backward()  # backward through the casts
     assert xd.grad.dtype == torch.float32 and xd.grad.device.type == "neuron"
     assert lin(xd).dtype == torch.float32  # outside the region
+
+
+def test_deepcopy_save_load_and_resize_keep_device_tensors(tmp_path):
+    """deepcopy, torch.load and storage.clone() make storages with UntypedStorage(n,
+    device="neuron"): PyTorch has no allocator for a Python backend (it crashed the process),
+    so the device makes them."""
+    import copy
+
+    x = torch.arange(6.0).reshape(2, 3).to("neuron")
+    y = copy.deepcopy(x)
+    assert y.device.type == "neuron" and y.data_ptr() != x.data_ptr()
+    assert torch.equal(y.cpu(), x.cpu())
+    assert torch.equal(
+        torch.frombuffer(bytearray(x.untyped_storage().clone().cpu()), dtype=torch.float32),
+        torch.arange(6.0),
+    )
+    torch.save({"w": x}, tmp_path / "w.pt")
+    for where, device in (("neuron", "neuron"), ("cpu", "cpu"), (None, "neuron")):
+        w = torch.load(tmp_path / "w.pt", map_location=where)["w"]
+        assert w.device.type == device and torch.equal(w.cpu(), x.cpu())
+    r = torch.ones(2, device="neuron")
+    r.resize_(5)
+    assert r.shape == (5,) and r[:2].cpu().tolist() == [1.0, 1.0]
+    with pytest.raises(RuntimeError, match="UntypedStorage"):
+        torch.UntypedStorage([1, 2], device="neuron")
