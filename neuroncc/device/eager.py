@@ -37,7 +37,7 @@ class CompiledOp:
     writes: tuple[int, ...]
 
 
-_CACHE: dict[Any, CompiledOp | None] = {}  # None: the op runs on the host
+_CACHE: dict[Any, CompiledOp | str] = {}  # a str: why the op runs on the host
 _LOCK = threading.Lock()
 
 
@@ -45,7 +45,7 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     """op on `neuron` tensors, compiled (or on the host if it cannot be), with PyTorch's
     results: new `neuron` tensors, or the arguments an in-place or `out=` op returns."""
     args = _wrap_numbers(op, args)
-    if not kwargs and all(type(x) in _FLAT for x in args):  # most ops: no lists, no kwargs
+    if not kwargs and all(isinstance(x, _FLAT) for x in args):  # most: no lists, no kwargs
         leaves, spec = list(args), None
     else:
         leaves, spec = pytree.tree_flatten((args, kwargs))
@@ -60,8 +60,8 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
         compiled = _compile(op, leaves, positions, spec, hosts)
         with _LOCK:
             _CACHE[key] = compiled
-    if compiled is None:
-        return _on_host(op, leaves, positions, spec, tensors, hosts)
+    if isinstance(compiled, str):
+        return _on_host(op, leaves, positions, spec, tensors, hosts, compiled)
     values = compiled.run(hosts)
     for k, value in zip(compiled.writes, values, strict=False):
         if tensors[k].shape != value.shape:  # an `out=` argument takes the result's shape
@@ -71,7 +71,7 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     return _results(op, args, kwargs, outs)
 
 
-_FLAT = (torch.Tensor, int, float, bool, type(None), torch.dtype)  # (a Parameter is flat too)
+_FLAT = (torch.Tensor, int, float, bool, type(None), torch.dtype)
 
 
 def _wrap_numbers(op, args: tuple) -> tuple:
@@ -118,8 +118,9 @@ def _signature(op, leaves: list, spec) -> Any:
     return tuple(parts)
 
 
-def _compile(op, leaves: list, positions: list[int], spec, hosts: list) -> CompiledOp | None:
-    """The one-op graph compiled; None if it cannot be traced (the op runs on the host)."""
+def _compile(op, leaves: list, positions: list[int], spec, hosts: list) -> CompiledOp | str:
+    """The one-op graph compiled; or why it cannot be traced (the op then runs on the host:
+    mostly ops whose output shape depends on the data)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from neuroncc.frontend.backend import compile_aten_graph
@@ -138,8 +139,9 @@ def _compile(op, leaves: list, positions: list[int], spec, hosts: list) -> Compi
             decomposition_table=DECOMPOSITIONS,
             tracing_mode="fake",
         )(*hosts)
-    except Exception:  # noqa: BLE001 (data-dependent shapes and the like: run on the host)
-        return None
+    except Exception as e:  # noqa: BLE001 (data-dependent shapes and the like: run on the host)
+        lines = str(e).strip().splitlines()
+        return f"it cannot be traced: {type(e).__name__}: {lines[0] if lines else ''}"
     writes = _strip_writes(traced)
     fn = compile_aten_graph(traced, hosts, opts=_options(), name=f"{EAGER_PREFIX}{op}")
     return CompiledOp(fn, writes)
@@ -179,15 +181,13 @@ def _options():
     return CompileOptions.from_user({})
 
 
-def _on_host(op, leaves, positions, spec, tensors, hosts) -> Any:
+def _on_host(op, leaves, positions, spec, tensors, hosts, why: str) -> Any:
     """op run by PyTorch on the host views (counted and warned once, as a declined node)."""
     from neuroncc.runtime.stats import STATS
 
     if STATS.add_fallback(str(op)):
         warnings.warn(
-            f"neuroncc runs {op} on the host CPU for the neuron device: it cannot be compiled "
-            "(its output shape depends on the data)",
-            stacklevel=3,
+            f"neuroncc runs {op} on the host CPU for the neuron device: {why}", stacklevel=3
         )
     flat = list(leaves)
     for i, h in zip(positions, hosts, strict=True):

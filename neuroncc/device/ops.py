@@ -10,7 +10,7 @@ kernel sorts its op into one of:
 - copies between devices and reading a scalar (`_copy_from`, `copy_`, `_local_scalar_dense`):
   the DMA between host memory and HBM, done on the host views (Note [device memory]);
 - random ops: drawn on the host with PyTorch's CPU generator, so they equal CPU results under
-  `torch.manual_seed` (counted as host ops);
+  `torch.manual_seed` (counted in stats()["eager_host_random"]);
 - everything else: compiled and run on the simulator (Note [eager ops]).
 """
 
@@ -94,7 +94,9 @@ def _random(op, args, kwargs):
 
     hosts = torch.utils._pytree.tree_map(host, (args, kwargs))
     out = op(*hosts[0], **hosts[1])
-    return eager._results(op, args, kwargs, [] if _returns_alias(op) else [out])
+    if _returns_alias(op):
+        return eager._results(op, args, kwargs, [])
+    return eager._results(op, args, kwargs, list(out) if isinstance(out, tuple) else [out])
 
 
 def _returns_alias(op) -> bool:
@@ -128,7 +130,8 @@ def _copy_from_and_resize(self, dst):
 
 def _copy_(self, src, non_blocking=False):
     """copy_ with a device tensor on either side: a DMA between host memory and HBM (or
-    within HBM); a conversion between device tensors runs compiled (Note [eager ops])."""
+    within HBM). A conversion between device tensors runs compiled (Note [eager ops]); one
+    between the host and the device is done by the host as it copies."""
     if _on_device(src) and _on_device(self) and src.dtype != self.dtype:
         src = eager.run(torch.ops.aten._to_copy.default, (src,), {"dtype": self.dtype})
     dst = memory.host_view(self) if _on_device(self) else self

@@ -200,11 +200,14 @@ def test_device_memory_is_counted_and_an_allocation_past_hbm_is_refused():
 
 
 def test_random_ops_equal_cpu_under_a_seed():
-    torch.manual_seed(3)
-    want = torch.randn(5, 7)
-    torch.manual_seed(3)
-    got = torch.randn(5, 7, device="neuron")
-    assert torch.equal(got.cpu(), want)
+    def draw(device):
+        torch.manual_seed(3)
+        x = torch.randn(5, 7, device=device)
+        return x, torch.nn.functional.dropout(x, 0.5, training=True)  # (output, mask) inside
+
+    want, got = draw("cpu"), draw("neuron")
+    for w, g in zip(want, got, strict=True):
+        assert g.device.type == "neuron" and torch.equal(g.cpu(), w)
 
 
 def test_data_dependent_ops_run_on_the_host_and_are_counted(fresh):
