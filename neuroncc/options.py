@@ -24,6 +24,7 @@ ENV_VARS = {
     "dump_dir": "NEURONCC_DUMP_DIR",
     "disk_cache": "NEURONCC_DISK_CACHE",
     "cache_max_bytes": "NEURONCC_CACHE_MAX_BYTES",
+    "timing_only": "NEURONCC_TIMING_ONLY",
 }
 # Options that change where and whether compiled graphs are kept or shown, never what they are.
 _NOT_IN_KEY = {"dump_dir", "cache_dir", "disk_cache", "cache_max_bytes", "timing_only"}

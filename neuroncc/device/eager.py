@@ -178,7 +178,18 @@ def _options():
     """The options from the environment (NEURONCC_TARGET, ...), read when an op compiles."""
     from neuroncc.options import CompileOptions
 
-    return CompileOptions.from_user({})
+    opts = CompileOptions.from_user({})
+    if opts.timing_only and not _warned_timing_only:
+        _warned_timing_only.append(True)
+        warnings.warn(
+            "neuroncc timing_only (NEURONCC_TIMING_ONLY): the neuron device's ops are timed, "
+            "not simulated; their results come from PyTorch on the host",
+            stacklevel=4,
+        )
+    return opts
+
+
+_warned_timing_only: list[bool] = []
 
 
 def _on_host(op, leaves, positions, spec, tensors, hosts, why: str) -> Any:

@@ -390,3 +390,14 @@ def test_deepcopy_save_load_and_resize_keep_device_tensors(tmp_path):
     assert r.shape == (5,) and r[:2].cpu().tolist() == [1.0, 1.0]
     with pytest.raises(RuntimeError, match="UntypedStorage"):
         torch.UntypedStorage([1, 2], device="neuron")
+
+
+def test_timing_only_times_device_ops_without_simulating_them(fresh, monkeypatch):
+    """NEURONCC_TIMING_ONLY=1: an op compiled from then on is timed, its result computed by
+    PyTorch on the host (a shape no other test uses, so that it compiles here)."""
+    monkeypatch.setenv("NEURONCC_TIMING_ONLY", "1")
+    a, b = torch.randn(37, 41), torch.randn(41, 43)
+    got = a.to("neuron") @ b.to("neuron")
+    torch.testing.assert_close(got.cpu(), a @ b)
+    s = neuroncc.stats()
+    assert s["timing_only_executions"] == 1 and s["eager_device_seconds"] > 0, s
