@@ -60,6 +60,7 @@ def register() -> None:
     )
     ops.register_all()
     memory.patch_storage_constructor()
+    memory.patch_pin_memory()
     _self_test()
     _state["registered"] = True
 

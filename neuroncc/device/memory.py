@@ -128,6 +128,23 @@ def empty_strided(size, stride, dtype: torch.dtype | None) -> torch.Tensor:
     return _tensor(new_storage(storage_bytes(size, stride, dtype)), size, stride, dtype)
 
 
+def patch_pin_memory() -> None:
+    """Pinned host memory is what a real device copies from asynchronously. PyTorch pins
+    through the accelerator's C++ hooks, which a Python backend cannot provide, so once
+    `neuron` is the accelerator every `pin_memory()` (a DataLoader's, the Trainer's default)
+    would raise, CPU-only code included. For the simulated device pinning changes nothing:
+    `pin_memory()` of a CPU tensor for it returns the tensor as it is (`is_pinned()` stays
+    False)."""
+    original = torch.Tensor.pin_memory
+
+    def pin_memory(self, device=None):
+        if device is None or torch.device(device).type == DEVICE:
+            return self
+        return original(self, device)
+
+    torch.Tensor.pin_memory = pin_memory
+
+
 def patch_storage_constructor() -> None:
     """`torch.UntypedStorage(n, device="neuron")` (what `deepcopy`, `torch.load` and
     `storage.clone()` call) would reach PyTorch's allocator for PrivateUse1, which a Python

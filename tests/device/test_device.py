@@ -425,3 +425,16 @@ def test_real_architectures_generate_the_cpu_tokens_on_the_device(arch, fresh):
     # generate's stopping criteria AND int64 flags; the compiler's bitwise ops take bool only
     assert set(s["fallback_nodes"]) <= {"aten.bitwise_and.Tensor"}, s
     assert s["executions"] > 0 and s["eager_executions"] > 0 and not s["compiler_errors"], s
+
+
+def test_cpu_code_that_pins_memory_still_runs_with_the_device_registered():
+    """Pinning goes through the accelerator's C++ hooks, which a Python backend cannot give:
+    once `neuron` is the accelerator, pin_memory() is a no-op for it (Trainer and DataLoader
+    defaults pin)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    data = TensorDataset(torch.arange(8.0).reshape(4, 2))
+    batches = [b for (b,) in DataLoader(data, batch_size=2, pin_memory=True)]
+    assert torch.equal(torch.cat(batches), torch.arange(8.0).reshape(4, 2))
+    x = torch.ones(3)
+    assert x.pin_memory() is x and not x.is_pinned()
