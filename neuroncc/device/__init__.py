@@ -61,6 +61,7 @@ def register() -> None:
     ops.register_all()
     memory.patch_storage_constructor()
     memory.patch_pin_memory()
+    module.patch_accelerator()
     _self_test()
     _state["registered"] = True
 

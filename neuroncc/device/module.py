@@ -129,3 +129,39 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
 
 def empty_cache() -> None:
     """Nothing is cached: freed tensors give their bytes back at once."""
+
+
+def reset_accumulated_memory_stats(device=None) -> None:
+    HBM.reset_peak()
+
+
+def patch_accelerator() -> None:
+    """torch.accelerator's functions that reach C++ hooks a Python backend cannot give (they
+    raise or assert while `neuron` is the accelerator) answered by this module instead."""
+    ours = {
+        "synchronize": synchronize,
+        "empty_cache": empty_cache,
+        "get_memory_info": mem_get_info,
+        "memory_allocated": memory_allocated,
+        "max_memory_allocated": max_memory_allocated,
+        "memory_reserved": memory_reserved,
+        "max_memory_reserved": max_memory_reserved,
+        "memory_stats": memory_stats,
+        "reset_peak_memory_stats": reset_peak_memory_stats,
+        "reset_accumulated_memory_stats": reset_accumulated_memory_stats,
+    }
+    for name, fn in ours.items():
+        original = getattr(torch.accelerator, name, None)
+        if original is not None:
+            setattr(torch.accelerator, name, _routed(fn, original))
+
+
+def _routed(ours, original):
+    def routed(*args, **kwargs):
+        accelerator = torch.accelerator.current_accelerator()
+        if accelerator is not None and accelerator.type == "neuron":
+            return ours(*args, **kwargs)
+        return original(*args, **kwargs)
+
+    routed.__doc__ = original.__doc__
+    return routed

@@ -438,3 +438,16 @@ def test_cpu_code_that_pins_memory_still_runs_with_the_device_registered():
     assert torch.equal(torch.cat(batches), torch.arange(8.0).reshape(4, 2))
     x = torch.ones(3)
     assert x.pin_memory() is x and not x.is_pinned()
+
+
+def test_torch_accelerator_answers_for_the_device():
+    """torch.accelerator's synchronize and memory functions reach C++ hooks a Python backend
+    cannot give (they raised or asserted): torch.neuron answers them."""
+    x = torch.ones(256, device="neuron")
+    torch.accelerator.synchronize()
+    assert torch.accelerator.memory_allocated() == torch.neuron.memory_allocated() >= 1024
+    free, total = torch.accelerator.get_memory_info()
+    assert total == 12 * 2**30 and free == total - torch.neuron.memory_allocated()
+    assert torch.accelerator.memory_stats()["allocated_bytes.all.current"] >= 1024
+    torch.accelerator.empty_cache()
+    assert x.device.type == "neuron"
