@@ -91,7 +91,7 @@ class Block:
         """(first touches, last touches) per (engine, region): Note [kernel boundaries]."""
         first: dict[tuple, list] = {}  # (engine, mem, param, key) -> [first, last, box, write]
         for j, ins in enumerate(self.instructions):
-            for ref, write in _accesses(ins):
+            for ref, write in accesses(ins):
                 if isinstance(ref, isa.TileRef):
                     mem, param = ref.mem, -1
                     box = (ref.p0, ref.p0 + ref.np, ref.offset, ref.offset + ref.free_bytes)
@@ -201,7 +201,7 @@ def _union(a: Box, b: Box) -> Box:
     return (min(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), max(a[3], b[3]))
 
 
-def _accesses(ins: isa.Instr) -> list[tuple[isa.Operand, bool]]:
+def accesses(ins: isa.Instr) -> list[tuple[isa.Operand, bool]]:
     return [(r, False) for r in ins.reads()] + [(w, True) for w in ins.writes()]
 
 
