@@ -53,6 +53,7 @@ order): a layer's calls then wait on a few instructions, not on one per tile the
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from neuroncc.codegen.hardware import isa
@@ -89,7 +90,7 @@ class Block:
     @functools.cached_property
     def footprint(self) -> tuple[tuple[Touch, ...], tuple[Touch, ...]]:
         """(first touches, last touches) per (engine, region): Note [kernel boundaries]."""
-        first: dict[tuple, list] = {}  # (engine, mem, param, key) -> [first, last, box, write]
+        regions = _Regions()
         for j, ins in enumerate(self.instructions):
             for ref, write in accesses(ins):
                 if isinstance(ref, isa.TileRef):
@@ -101,20 +102,35 @@ class Block:
                     lo, hi = ref.span()
                     size = ref.dtype.itemsize
                     box, key = (0, 1, lo * size, hi * size), None
-                slot = first.get((ins.engine, mem, param, key))
-                if slot is None:
-                    first[ins.engine, mem, param, key] = [j, j, box, write]
-                else:
-                    slot[1] = j
-                    slot[2] = _union(slot[2], box)
-                    slot[3] = slot[3] or write
+                regions.add((ins.engine, mem, param, key), j, j, box, write)
+        return regions.touches()
+
+
+class _Regions:
+    """The first and last access per (engine, memory, parameter, region key), their boxes
+    joined and whether any writes, as accesses come in program order."""
+
+    def __init__(self) -> None:
+        self.slots: dict[tuple, list] = {}  # key -> [first, last, box, write]
+
+    def add(self, key: tuple, first: int, last: int, box: Box, write: bool) -> None:
+        slot = self.slots.get(key)
+        if slot is None:
+            self.slots[key] = [first, last, box, write]
+        else:
+            slot[1] = last
+            slot[2] = _union(slot[2], box)
+            slot[3] = slot[3] or write
+
+    def touches(self) -> tuple[tuple[Touch, ...], tuple[Touch, ...]]:
+        """(first touches, last touches)."""
         entries = tuple(
             Touch(f, e, mem, param, box, write)
-            for (e, mem, param, _), (f, _, box, write) in first.items()
+            for (e, mem, param, _), (f, _, box, write) in self.slots.items()
         )
         exits = tuple(
             Touch(last, e, mem, param, box, write)
-            for (e, mem, param, _), (_, last, box, write) in first.items()
+            for (e, mem, param, _), (_, last, box, write) in self.slots.items()
         )
         return entries, exits
 
@@ -157,11 +173,15 @@ class Footprint:
 
 
 def kernel_footprint(
-    blocks: list[Block], calls: list[Call], start: int, shared: int, itemsize: dict[str, int]
+    blocks: list[Block],
+    calls: list[Call],
+    start: int,
+    shared: int,
+    itemsize: Callable[[str], int],
 ) -> Footprint:
     """The footprint of the kernel made of `calls` (the first at queue phase `start`): its
     calls' block footprints, each region taken whole as a block takes it."""
-    slots: dict[tuple, list] = {}  # (engine, mem, param, key) -> [first, last, box, write]
+    regions = _Regions()
     names: dict[str, int] = {}
     at = 0
     for call in calls:
@@ -172,29 +192,15 @@ def kernel_footprint(
             if first.mem == "hbm":
                 buffer = call.args[first.param]
                 param = names.setdefault(buffer, len(names))
-                shift = call.offset(first.param) * itemsize[buffer]
+                shift = call.offset(first.param) * itemsize(buffer)
                 box = (0, 1, first.box[2] + shift, first.box[3] + shift)
                 key = (engine, "hbm", param, None)
             else:
                 param, box = -1, first.box
                 key = (engine, first.mem, -1, box)
-            slot = slots.get(key)
-            if slot is None:
-                slots[key] = [at + first.instr, at + last.instr, box, first.write]
-            else:
-                slot[1] = at + last.instr
-                slot[2] = _union(slot[2], box)
-                slot[3] = slot[3] or first.write
+            regions.add(key, at + first.instr, at + last.instr, box, first.write)
         at += len(block.instructions)
-    entries = tuple(
-        Touch(f, e, mem, param, box, write)
-        for (e, mem, param, _), (f, _, box, write) in slots.items()
-    )
-    exits = tuple(
-        Touch(last, e, mem, param, box, write)
-        for (e, mem, param, _), (_, last, box, write) in slots.items()
-    )
-    return Footprint(tuple(names), entries, exits)
+    return Footprint(tuple(names), *regions.touches())
 
 
 def _union(a: Box, b: Box) -> Box:

@@ -331,10 +331,9 @@ class ProgramBuilder(LoopBuilder):
         if len(self.calls) == self._kernel_calls:
             self.footprint = None
             return
-        itemsize = {name: buf.dtype.itemsize for name, buf in self.buffers.items()}
         start = self._kernel_queue % self._shared_queues
         calls = self.calls[self._kernel_calls :]
-        footprint = kernel_footprint(self.blocks, calls, start, self._shared_queues, itemsize)
+        footprint = kernel_footprint(self.blocks, calls, start, self._shared_queues, self._itemsize)
         self._place_kernel(footprint, self._inner_waits)
 
     def _place_kernel(self, footprint: Footprint, inner: Sequence[Waits]) -> None:
@@ -370,6 +369,9 @@ class ProgramBuilder(LoopBuilder):
         for touch in footprint.exits:
             mem, box, engine = self._in_kernel(touch, footprint.buffers, start)
             self._boundary.record_access(base + touch.instr, engine, mem, box, touch.write, base)
+
+    def _itemsize(self, buffer: str) -> int:
+        return self.buffers[buffer].dtype.itemsize
 
     def _in_kernel(self, touch: Touch, buffers: Sequence[str], start: int) -> tuple[str, Box, str]:
         """A kernel footprint's touch in the program: its engine, memory and box."""
