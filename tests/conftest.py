@@ -35,3 +35,13 @@ def fresh():
     neuroncc.reset_stats()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture(scope="session")
+def opinfo_ops():
+    """PyTorch's OpInfo database by name (with its variant): the OpInfo tests' yardstick."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    return {
+        op.name + (f".{op.variant_test_name}" if op.variant_test_name else ""): op for op in op_db
+    }

@@ -150,48 +150,16 @@ def run_sample(op, sample, grads: bool, device: bool = False) -> tuple[str, list
         return "eager-fails", []
     torch._dynamo.reset()
     neuroncc.reset_stats()
-    if device:
-        return _on_device(op, fn, inputs, want, want_g)
-    compiled = torch.compile(fn, backend="neuron", dynamic=False)
-    got = compiled(*inputs)
+    if device:  # eagerly on the neuron device: each op compiled and simulated
+        args = [t.detach().to("neuron").requires_grad_(t.requires_grad) for t in inputs]
+        run = fn
+    else:
+        args, run = inputs, torch.compile(fn, backend="neuron", dynamic=False)
+    got = run(*args)
     tol = TOL_OVERRIDES.get(op.name, TOL)
-    _compare(got, want, _metadata_only(op.name), tol)
+    _compare(pytree.tree_map(_to_cpu, got), want, _metadata_only(op.name), tol)
     if want_g is not None:
-        got_g = _grads(compiled, inputs, lambda: got)
-        if got_g is not None:
-            _compare(
-                [g for g in got_g if g is not None],
-                [g for g in want_g if g is not None],
-                _metadata_only(op.name),
-                tol,
-            )
-    stats = neuroncc.stats()
-    if stats["compiler_errors"]:  # ran eagerly after an internal compiler error: a failure
-        raise RuntimeError(f"internal compiler error (stages {stats['compiler_errors']})")
-    fell_back = sorted(stats["fallback_nodes"])
-    if stats["dynamo_graphs"] == 0:
-        fell_back.append("dynamo: not captured")  # Dynamo ran it in Python (graph break)
-    # dynamo_graphs > 0 with no execution and no fallback: results are views of the inputs,
-    # which AOTAutograd recreates; there is nothing to compute.
-    return "ok", fell_back
-
-
-def _on_device(op, fn, inputs, want, want_g) -> tuple[str, list[str]]:
-    """The sample run eagerly on the `neuron` device (each op compiled and simulated), its
-    results and gradients brought back and compared with CPU's."""
-
-    def to_device(t):
-        return t.detach().to("neuron").requires_grad_(t.requires_grad)
-
-    def to_cpu(x):
-        return x.detach().cpu() if isinstance(x, torch.Tensor) else x
-
-    on = [to_device(t) for t in inputs]
-    got = fn(*on)
-    tol = TOL_OVERRIDES.get(op.name, TOL)
-    _compare(pytree.tree_map(to_cpu, got), want, _metadata_only(op.name), tol)
-    if want_g is not None:
-        got_g = _grads(fn, on, lambda: got)
+        got_g = _grads(run, args, lambda: got)
         if got_g is not None:
             _compare(
                 [g.cpu() for g in got_g if g is not None],
@@ -200,9 +168,18 @@ def _on_device(op, fn, inputs, want, want_g) -> tuple[str, list[str]]:
                 tol,
             )
     stats = neuroncc.stats()
-    if stats["compiler_errors"]:
+    if stats["compiler_errors"]:  # ran eagerly after an internal compiler error: a failure
         raise RuntimeError(f"internal compiler error (stages {stats['compiler_errors']})")
-    return "ok", sorted(stats["fallback_nodes"])
+    fell_back = sorted(stats["fallback_nodes"])
+    if not device and stats["dynamo_graphs"] == 0:
+        fell_back.append("dynamo: not captured")  # Dynamo ran it in Python (graph break)
+    # dynamo_graphs > 0 with no execution and no fallback: results are views of the inputs,
+    # which AOTAutograd recreates; there is nothing to compute.
+    return "ok", fell_back
+
+
+def _to_cpu(x):
+    return x.detach().cpu() if isinstance(x, torch.Tensor) else x
 
 
 def _first_line(e: Exception) -> str:

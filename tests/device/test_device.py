@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import neuroncc
 from neuroncc.device import eager
+from tests.e2e.test_hf import neuron_compile_config, small_flux, small_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:neuroncc runs")
 
@@ -230,25 +231,9 @@ def test_torch_compile_on_device_tensors_returns_device_tensors(fresh):
     assert neuroncc.stats()["executions"] == 1  # the compiled graph, not eager ops
 
 
-def _tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    return LlamaForCausalLM(cfg).eval()
-
-
 def test_a_hugging_face_model_generates_the_cpu_tokens_on_the_device():
-    model = _tiny_llama()
-    ids = torch.randint(0, 128, (1, 8))
+    model = small_model("llama").eval()
+    ids = torch.randint(1, 256, (1, 8))
     with torch.no_grad():
         want = model.generate(ids, max_new_tokens=4, do_sample=False)
         model.to("neuron")
@@ -261,9 +246,9 @@ def test_from_pretrained_onto_the_device_and_compiled_generate(tmp_path, fresh):
     and compile_config compiles the decode step over device tensors."""
     from transformers import AutoModelForCausalLM, CompileConfig
 
-    model = _tiny_llama()
+    model = small_model("llama").eval()
     model.save_pretrained(tmp_path)
-    ids = torch.randint(0, 128, (1, 8))
+    ids = torch.randint(1, 256, (1, 8))
     with torch.no_grad():
         want = model.generate(ids, max_new_tokens=4, do_sample=False)
         dev = AutoModelForCausalLM.from_pretrained(tmp_path, device_map="neuron")
@@ -314,27 +299,7 @@ def test_the_main_job_runs_on_the_device(fresh, capsys, monkeypatch):
 
 
 def test_a_diffusers_transformer_on_the_device_eager_and_regionally_compiled(fresh):
-    diffusers = pytest.importorskip("diffusers")
-    torch.manual_seed(0)
-    model = diffusers.FluxTransformer2DModel(
-        patch_size=1,
-        in_channels=4,
-        num_layers=1,
-        num_single_layers=1,
-        attention_head_dim=8,
-        num_attention_heads=2,
-        joint_attention_dim=16,
-        pooled_projection_dim=8,
-        axes_dims_rope=(2, 2, 4),
-    ).eval()
-    inputs = {
-        "hidden_states": torch.randn(1, 16, 4),
-        "encoder_hidden_states": torch.randn(1, 5, 16),
-        "pooled_projections": torch.randn(1, 8),
-        "timestep": torch.tensor([0.5]),
-        "img_ids": torch.randn(16, 3),
-        "txt_ids": torch.randn(5, 3),
-    }
+    model, inputs = small_flux(1)
     on_device = {k: v.to("neuron") for k, v in inputs.items()}
     with torch.no_grad():
         want = model(**inputs).sample
@@ -408,8 +373,6 @@ def test_real_architectures_generate_the_cpu_tokens_on_the_device(arch, fresh):
     """Of the real-models tests' architectures (all ten pass: see the closing note of issue
     21), three: greedy generate with the static cache, eagerly on the device and with the
     decode step compiled over device tensors."""
-    from tests.e2e.test_hf import neuron_compile_config, small_model
-
     model = small_model(arch).eval()
     ids = torch.randint(1, 256, (1, 8), generator=torch.Generator().manual_seed(1))
     kwargs = {"max_new_tokens": 4, "do_sample": False, "cache_implementation": "static"}

@@ -10,17 +10,8 @@ from tests.frontend.test_opinfo import QUICK
 from tools.opinfo_sweep import run_op
 
 
-@pytest.fixture(scope="module")
-def ops():
-    from torch.testing._internal.common_methods_invocations import op_db
-
-    return {
-        op.name + (f".{op.variant_test_name}" if op.variant_test_name else ""): op for op in op_db
-    }
-
-
 @pytest.mark.parametrize("name", QUICK)
-def test_opinfo_runs_on_the_device_and_matches_cpu(name, ops, fresh):
-    result = run_op(ops[name], samples=2, grads=True, device=True)
+def test_opinfo_runs_on_the_device_and_matches_cpu(name, opinfo_ops, fresh):
+    result = run_op(opinfo_ops[name], samples=2, grads=True, device=True)
     assert result.status == "compiled", result
     assert result.samples >= 1

@@ -149,14 +149,16 @@ def test_trainer_with_neuron_backend(fresh):
     assert s["compiles"] >= 2 and s["executions"] >= 20 and s["fallback_nodes"] == {}, s
 
 
-def test_diffusers_regional_compile_shares_one_compile(fresh):
+def small_flux(layers: int):
+    """A diffusers Flux transformer of `layers` double- and single-stream blocks, random
+    weights, and inputs for it."""
     diffusers = pytest.importorskip("diffusers")
     torch.manual_seed(0)
     model = diffusers.FluxTransformer2DModel(
         patch_size=1,
         in_channels=4,
-        num_layers=2,
-        num_single_layers=2,
+        num_layers=layers,
+        num_single_layers=layers,
         attention_head_dim=8,
         num_attention_heads=2,
         joint_attention_dim=16,
@@ -171,6 +173,11 @@ def test_diffusers_regional_compile_shares_one_compile(fresh):
         "img_ids": torch.randn(16, 3),
         "txt_ids": torch.randn(5, 3),
     }
+    return model, inputs
+
+
+def test_diffusers_regional_compile_shares_one_compile(fresh):
+    model, inputs = small_flux(2)
     with torch.no_grad():
         want = model(**inputs).sample
         model.compile_repeated_blocks(backend="neuron")

@@ -58,17 +58,8 @@ QUICK = [
 ]
 
 
-@pytest.fixture(scope="module")
-def ops():
-    from torch.testing._internal.common_methods_invocations import op_db
-
-    return {
-        op.name + (f".{op.variant_test_name}" if op.variant_test_name else ""): op for op in op_db
-    }
-
-
 @pytest.mark.parametrize("name", QUICK)
-def test_opinfo_compiles_and_matches(name, ops, fresh):
-    result = run_op(ops[name], samples=2, grads=True)
+def test_opinfo_compiles_and_matches(name, opinfo_ops, fresh):
+    result = run_op(opinfo_ops[name], samples=2, grads=True)
     assert result.status == "compiled", result
     assert result.samples >= 1
