@@ -68,7 +68,7 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
             tensors[k].resize_(value.shape)
         memory.host_view(tensors[k]).copy_(value)
     outs = values[len(compiled.writes) :]
-    return _results(op, args, kwargs, outs)
+    return results(op, args, kwargs, outs)
 
 
 _FLAT = (torch.Tensor, int, float, bool, type(None), torch.dtype)
@@ -204,23 +204,10 @@ def _on_host(op, leaves, positions, spec, tensors, hosts, why: str) -> Any:
     for i, h in zip(positions, hosts, strict=True):
         flat[i] = h
     a, k = (flat, {}) if spec is None else pytree.tree_unflatten(flat, spec)
-    out = op(*a, **k)
-    return _to_device(out, dict(zip(map(id, hosts), tensors, strict=True)))
+    return memory.to_device(op(*a, **k), hosts, tensors)
 
 
-def _to_device(out, originals: dict[int, torch.Tensor]) -> Any:
-    """Host results as `neuron` tensors: an argument returned stays that argument."""
-
-    def convert(x):
-        if not isinstance(x, torch.Tensor):
-            return x
-        arg = originals.get(id(x))
-        return memory.adopt(x) if arg is None else arg
-
-    return pytree.tree_map(convert, out)
-
-
-def _results(op, args: tuple, kwargs: dict, outs: list) -> Any:
+def results(op, args: tuple, kwargs: dict, outs: list) -> Any:
     """What op returns: for each of its schema's returns, the argument it aliases (in-place
     and `out=` ops) or a new `neuron` tensor over the computed value."""
     values = iter(outs)

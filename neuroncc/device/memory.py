@@ -14,11 +14,13 @@ bytes: what the simulator's DMA engines would move in and out of HBM.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import weakref
 
 import torch
+import torch.utils._pytree as pytree
 
 DEVICE = "neuron"
 _FLOOR = 2**30  # bytes below every target's HBM
@@ -87,8 +89,10 @@ def _size(nbytes: int) -> str:
     return f"{nbytes} bytes"
 
 
-def device(index: int | None = 0) -> torch.device:
-    return torch.device(DEVICE, index or 0)
+@functools.cache
+def device() -> torch.device:
+    """neuron:0, the process's one device (made once: every new storage names it)."""
+    return torch.device(DEVICE, 0)
 
 
 def storage_bytes(size, stride, dtype: torch.dtype) -> int:
@@ -196,6 +200,24 @@ def host_view(t: torch.Tensor) -> torch.Tensor:
     if t.is_neg():
         out = torch._neg_view(out)
     return out
+
+
+def to_device(out, hosts: list, args: list):
+    """Results computed on the host views `hosts` of `args`, as `neuron` tensors over the
+    bytes they were computed into; a view returned as it is gives back its argument."""
+    given = {
+        (h.data_ptr(), h.shape, h.stride()): a
+        for h, a in zip(hosts, args, strict=True)
+        if isinstance(h, torch.Tensor)
+    }
+
+    def convert(x):
+        if not isinstance(x, torch.Tensor) or x.device.type != "cpu":
+            return x
+        arg = given.get((x.data_ptr(), x.shape, x.stride()))
+        return adopt(x) if arg is None else arg
+
+    return pytree.tree_map(convert, out)
 
 
 def adopt(cpu: torch.Tensor) -> torch.Tensor:

@@ -95,8 +95,8 @@ def _random(op, args, kwargs):
     hosts = torch.utils._pytree.tree_map(host, (args, kwargs))
     out = op(*hosts[0], **hosts[1])
     if _returns_alias(op):
-        return eager._results(op, args, kwargs, [])
-    return eager._results(op, args, kwargs, list(out) if isinstance(out, tuple) else [out])
+        return eager.results(op, args, kwargs, [])
+    return eager.results(op, args, kwargs, list(out) if isinstance(out, tuple) else [out])
 
 
 def _returns_alias(op) -> bool:

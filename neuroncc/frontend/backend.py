@@ -114,24 +114,12 @@ class RegionModule(torch.nn.Module):
 
 def _on_device(run: Callable[..., list], args: Sequence[Any]) -> list:
     """run on the host views of `neuron` tensors (the bytes that stand for HBM: Note [device
-    memory]), its results as `neuron` tensors over the bytes they were computed into; an
-    argument returned as it is stays that argument."""
-    from neuroncc.device.memory import adopt, host_view
+    memory]), its results as `neuron` tensors (memory.to_device)."""
+    from neuroncc.device.memory import host_view, to_device
 
-    hosts, same = [], {}
-    for a in args:
-        if isinstance(a, torch.Tensor) and a.device.type == "neuron":
-            h = host_view(a)
-            same[h.data_ptr(), h.shape, h.stride()] = a
-            a = h
-        hosts.append(a)
-    out = []
-    for o in run(*hosts):
-        if isinstance(o, torch.Tensor) and o.device.type == "cpu":
-            arg = same.get((o.data_ptr(), o.shape, o.stride()))
-            o = adopt(o) if arg is None else arg
-        out.append(o)
-    return out
+    on = [isinstance(a, torch.Tensor) and a.device.type == "neuron" for a in args]
+    hosts = [host_view(a) if o else a for a, o in zip(args, on, strict=True)]
+    return to_device(run(*hosts), hosts, list(args))
 
 
 def compile_region(
