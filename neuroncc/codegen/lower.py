@@ -78,7 +78,7 @@ def _emit(
     unneeded = _made_on_chip(g, attention, skipped)
     ctx.row_slices = rows_read_in_place(g)
     ctx.col_slices = cols_read_in_place(g)
-    ctx.merged_heads = merged_heads(g, target.pe_exact_transpose)
+    ctx.merged_heads = merged_heads(g)
     skipped = skipped | {v.id for merge in ctx.merged_heads.values() for v in merge.nodes}
 
     def on_dma(n) -> bool:

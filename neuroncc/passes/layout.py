@@ -39,6 +39,7 @@ from neuroncc.codegen.kernels.attention_planner import attention_plans
 from neuroncc.codegen.kernels.emit import P
 from neuroncc.codegen.kernels.emit_gemv import gemv_foldable, gemv_ns
 from neuroncc.codegen.kernels.emit_matmul import (
+    A_CHUNK_TILES,
     TRANSPOSE_RUN_BYTES,
     foldable,
     largest_blocking,
@@ -63,7 +64,7 @@ class Layout:
         outputs = {v.id for v in g.outputs}
         in_kernel = g.kernel_of()
         read_in_place = _attention_operand_chains(g, ctx.target)
-        for merge in merged_heads(g, ctx.target.pe_exact_transpose).values():
+        for merge in merged_heads(g).values():
             read_in_place.update(merge.nodes)  # matmuls read attention's output as it is
         made: dict[int, str] = {}
         producers = g.producers()
@@ -83,14 +84,16 @@ def _layout(n: Node, readers: list[Node], outputs: set[int], producers: dict, t:
         return "dma"  # nothing to move
     perm = tuple(n.attr("perm"))
     kernel = {"dma": dma_transpose_ns(n, t)}  # as a kernel of its own
-    if pe_transposable(n.inputs[0].type, perm, t):
+    if pe_transposable(n.inputs[0].type, perm):
         kernel["pe"] = pe_ns(n, t)
     way = min(kernel, key=kernel.__getitem__)
-    cost = kernel[way] + sum(pe_matmul_ns(u, t) for u in readers)
-    if foldable(n, readers, outputs, t):
+    if not foldable(n, readers, outputs) and not gemv_foldable(n, readers, outputs, producers):
+        return way
+    cost = kernel[way] + sum(_matmul_ns(u, t) for u in readers)
+    if foldable(n, readers, outputs):
         if all(u.inputs[0].id == n.out.id for u in readers):
             return "fold"  # A^T is what the matmuls load anyway
-        folded = sum(_in_matmul_ns(n, u, t) + pe_matmul_ns(u, t) for u in readers)
+        folded = sum(_matmul_ns(u, t, n) for u in readers)
         way, cost = ("fold", folded) if folded <= cost else (way, cost)
     if gemv_foldable(n, readers, outputs, producers):
         dot = sum(gemv_ns(u, t) for u in readers)
@@ -98,14 +101,27 @@ def _layout(n: Node, readers: list[Node], outputs: set[int], producers: dict, t:
     return way
 
 
-def _in_matmul_ns(n: Node, u: Node, t: Target) -> float:
-    """W^T transposed on chip by the matmul u, once per M block (emit_matmul): the TensorE
-    pieces and the PSUM copies, the busier of the two."""
-    blocking = largest_blocking(u, [], False, t, b_transposed=True)
-    m_tiles = math.ceil(u.inputs[0].type.shape[-2] / P)
-    blocks = math.ceil(m_tiles / blocking.tm) if blocking else m_tiles
-    _, pieces, copies, _ = _pe_parts(n, t)
-    return blocks * max(pieces, copies)
+def _matmul_ns(u: Node, t: Target, folded: Node | None = None) -> float:
+    """The matmul u as emit_matmul runs it, the busiest of TensorE, the PSUM copies and the
+    DMA queues: A loaded and transposed once, B once per M block, the result stored once.
+    B is read as it is in HBM, or, with the transpose `folded` (B = W^T), made from W's rows
+    on chip ([128, 128] pieces: runs of one K tile), which also costs TensorE and the copies
+    its pieces once per M block."""
+    a, b, o = (v.type for v in (*u.inputs, u.out))
+    *batch, m, k = a.shape
+    nn, mats = b.shape[-1], math.prod(batch)
+    blocking = largest_blocking(u, [], False, t, b_transposed=folded is not None)
+    tm, tn = (blocking.tm, blocking.tn) if blocking else (1, 1)
+    blocks = mats * math.ceil(math.ceil(m / P) / tm)
+    b_run = min(k, P) if folded is not None else min(nn, tn * t.pe_moving_fmax)
+    moves = dma_ns(a.nbytes, min(k, A_CHUNK_TILES * P) * a.dtype.itemsize, t, t.dma_queues)
+    moves += blocks * dma_ns(k * nn * b.dtype.itemsize, b_run * b.dtype.itemsize, t, t.dma_queues)
+    run = min(nn, t.pe_moving_fmax) * o.dtype.itemsize
+    moves += dma_ns(o.nbytes, run, t, t.dma_queues)
+    pieces = copies = 0.0
+    if folded is not None:
+        _, pieces, copies, _ = _pe_parts(folded, t)
+    return max(pe_matmul_ns(u, t) + blocks * pieces, blocks * copies, moves)
 
 
 def _attention_operand_chains(g: Graph, t: Target) -> set[int]:

@@ -24,6 +24,7 @@ the sums round as any fp32 accumulation does, in the order the library takes.
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 
 import ml_dtypes
@@ -159,18 +160,25 @@ def prepare_matmul(m: Memories, ins: isa.Matmul, t: Target) -> Step:
         raise SimulationError(f"matmul result {dst} must lie in one PSUM bank")
     a_view, b_view = m.tile(st).reshape(st.np, -1), m.tile(mv).reshape(mv.np, -1)
     out = m.tile(dst)
-    if ins.transpose:  # the exact transpose mode: data movement, no arithmetic
-        if not t.pe_exact_transpose:
-            raise SimulationError(f"{t.name} has no exact TensorE transpose mode")
+    if ins.transpose:
         identity = _identity(st.np)
         if mv.shape != (st.np, st.np) or (m.checked and not np.array_equal(b_view, identity)):
             raise SimulationError("a transpose matmul multiplies by the identity")
         a = _as_f32(a_view)
+        if t.pe_exact_transpose:  # the transpose mode: data movement, no arithmetic
 
-        def transpose() -> None:
-            out[...] = np.ascontiguousarray(a()).T  # 4x faster than one copy of strided views
+            def transpose() -> None:
+                out[...] = np.ascontiguousarray(a()).T  # 4x faster than strided copies
 
-        return transpose
+            return transpose
+
+        def identity_product() -> None:
+            x = a()
+            out[...] = np.ascontiguousarray(x).T  # what x.T @ I is where x is finite
+            if not np.isfinite(x).all():
+                out[...] = _spread_non_finite(x)
+
+        return identity_product
     a, b, psum = _torch_f32(a_view), _torch_f32(b_view), torch.from_numpy(out)
     if not ins.accumulate:
         return lambda: torch.mm(a().T, b(), out=psum)
@@ -194,6 +202,19 @@ def _check_row_tile(ins: isa.Matmul, t: Target) -> None:
 @functools.cache
 def _identity(n: int) -> np.ndarray:
     return np.eye(n, dtype=np.float32)
+
+
+def _spread_non_finite(x: np.ndarray) -> np.ndarray:
+    """x.T @ I for an x with an inf or NaN, as a matmul computes it: every other output of
+    that value's column gets inf * 0 = NaN (NC-v2's TensorE transpose, pe_transpose.py)."""
+    warnings.warn(
+        "an inf or NaN went through a TensorE transpose on a target without the exact "
+        "transpose mode (trn1): as on the hardware, the rest of its column became NaN "
+        "(nki.isa.nc_transpose: not bit-accurate on NeuronCore-v2 for NaN/Inf)",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+    return x.T @ _identity(x.shape[0])
 
 
 def _unary(func: str) -> Callable[[np.ndarray], np.ndarray]:

@@ -201,10 +201,18 @@ def test_fuse_groups_attention_golden():
     assert [b.name for b in exe.buffers if b.kind == "temp"] == []  # S and P never in HBM
 
 
-def test_no_attention_kernel_without_an_exact_transpose():
-    """trn1 has no exact TensorE transpose, which P V needs: the group is not formed."""
+def test_attention_kernel_on_trn1(fresh):
+    """trn1 transposes on TensorE as a matmul against the identity, exact for finite data:
+    causal masking and P V run in the one kernel there too."""
     fused = Fuse().run(parse(SDPA), PassContext(TRN1))
-    assert not any(ids[0] == 3 and 12 in ids for ids in fused.kernels)
+    assert any(ids[0] == 3 and 12 in ids for ids in fused.kernels)
+    q, k, v = _qkv(1, 2, 200, 200, 32)
+    names = _compile_and_check(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        [q, k, v],
+        target="trn1",
+    )
+    assert sum(n.startswith("attention.") for n in names) == 1, names
 
 
 def test_the_output_projection_reads_the_heads_where_attention_left_them(fresh):

@@ -58,9 +58,24 @@ def test_layout_choices_golden_and_exact():
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-3)  # K=256 fp32 sums
 
 
-def test_no_pe_transposes_on_trn1():
-    chosen = Layout().run(parse(TRANSPOSES), PassContext(TRN1))
-    assert chosen.choice(7, "layout") == "dma" and chosen.choice(5, "layout") == "fold"
+def test_trn1_transposes_on_tensore_and_spreads_what_is_not_finite():
+    """trn1 has no exact transpose mode: its TensorE transposes multiply by the identity, exact
+    for finite data; an inf spreads NaN over the rest of its column, as on the hardware
+    (nki.isa.nc_transpose), with a warning. trn2's transpose mode moves it as it is."""
+    g = parse(TRANSPOSES)
+    chosen = Layout().run(g, PassContext(TRN1))
+    assert chosen.choice(7, "layout") == "pe" and chosen.choice(5, "layout") == "fold"
+    inputs = [random_input(v.type) for v in g.inputs]
+    want = interpret(g, inputs)
+    for a, b in zip(run(emit_graph(chosen, TRN1), inputs, TRN1), want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-3)
+    inputs[1][3, 5] = np.inf  # %7 = %1^T: row 5, column 3
+    exact = run(emit_graph(Layout().run(g, PassContext(TRN2)), TRN2), inputs, TRN2)[1]
+    assert np.array_equal(exact, np.exp(inputs[1].T))
+    with pytest.warns(RuntimeWarning, match="NaN"):
+        spread = run(emit_graph(chosen, TRN1), inputs, TRN1)[1]
+    assert spread[5, 3] == np.inf and np.isnan(spread[5, :128]).sum() == 127
+    assert np.array_equal(spread[5, 128:], exact[5, 128:]) and np.isfinite(spread[:5]).all()
 
 
 def _transpose(r: int, c: int):

@@ -46,9 +46,9 @@ class Target(BaseModel):
     # Row tiling (1a "PE tiling", nc_matmul docstring): the 128 rows split into 2 x 64 tiles
     # (NC-v2 on), or 4 x 32 (NC-v3 on), where matmuls with a short contraction run in parallel.
     pe_row_tiles: tuple[int, ...] = (64,)
-    # NC-v3 adds a bit-exact TensorE transpose mode (1c). Without it a transpose is a matmul
-    # against the identity, where an inf or NaN anywhere in the tile spreads (inf * 0 = NaN),
-    # so codegen transposes on TensorE only where the target has the exact mode.
+    # NC-v3 adds a bit-exact TensorE transpose mode (1c). Before it a transpose is a matmul
+    # against the identity (nc_transpose), exact for finite data, but an inf or NaN anywhere
+    # in the tile spreads (inf * 0 = NaN): the simulator computes that, and warns.
     pe_exact_transpose: bool = False
     # NC-v2: "VectorE and GpSimdE cannot access SBUF at the same time" (1c), so moving ALU
     # work from one to the other gains nothing there; NC-v3 lifts it.

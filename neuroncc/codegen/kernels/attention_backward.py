@@ -243,7 +243,7 @@ def match(
     """The attention backward whose dS = P * (dP - D) is `ds` (Note [attention backward]), or
     None: the nodes must have that form, only dQ, dK and dV may be read outside, and the
     kernel must fit SBUF and PSUM. `producers`, `users` and `outputs` are the graph's."""
-    if ds.op is not Op.MUL or not t.pe_exact_transpose or not ds.out.type.dtype.is_float:
+    if ds.op is not Op.MUL or not ds.out.type.dtype.is_float:
         return None
     mt = _Matcher(producers, users, outputs)
     sides = [x for x in (ds.inputs, ds.inputs[::-1]) if _made_by(x[1], Op.SUB, producers)]

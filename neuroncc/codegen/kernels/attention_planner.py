@@ -77,8 +77,6 @@ def attention_plan(
     be read outside the kernel, never the scores."""
     if len(nodes) < 3 or nodes[0].op is not Op.MATMUL or nodes[-1].op is not Op.MATMUL:
         return None
-    if not t.pe_exact_transpose:
-        return None
     mm1, mm2, middle = nodes[0], nodes[-1], nodes[1:-1]
     q, kt = mm1.inputs
     *batch, m, d = q.type.shape

@@ -34,8 +34,7 @@ scores' copies on VectorE, Note [evacuation engines]).
 
 The blocks are software-pipelined (Note [attention pipeline]). A whole key row must fit in SBUF
 and a block's scores in the PSUM banks (`attention_plan` checks: up to 3072 keys); longer rows,
-head dimensions over 128 and targets without an exact TensorE transpose (P would have to
-round-trip through HBM) are left unfused: the row group and matmuls then run as before.
+and head dimensions over 128 are left unfused: the row group and matmuls then run as before.
 """
 
 from __future__ import annotations

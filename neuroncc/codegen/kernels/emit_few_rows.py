@@ -81,9 +81,9 @@ def stream_tile_bytes(g: Graph, t: Target) -> int:
 
 def few_rows_fits(ctx: EmitCtx, n: Node) -> bool:
     """Whether `emit_few_rows` takes the matmul n: 2-D, at most FEW_ROWS rows, B as it is in
-    HBM (not a folded W^T), A not a folded A^T, float, on a target with exact transposes."""
+    HBM (not a folded W^T), A not a folded A^T, float."""
     a_v, b_v = n.inputs
-    if a_v.type.rank != 2 or b_v.type.rank != 2 or not ctx.target.pe_exact_transpose:
+    if a_v.type.rank != 2 or b_v.type.rank != 2:
         return False
     m, k = a_v.type.shape
     if not (0 < m <= FEW_ROWS and k > 0 and b_v.type.shape[1] > 0):

@@ -76,7 +76,7 @@ def emit_gemv(ctx: EmitCtx, n: Node, w_buf: str, w_off: int, epilogue: Sequence[
     W's blocks stream in up to W_PREFETCH_BYTES ahead of the multiplies. The results of up to
     128 / rows blocks gather in one tile, res[p, j rows + r] = out[r, n0 + j 128 + p], and
     leave transposed on TensorE, as rows of out (one DMA of 128-element runs, not a 4-byte
-    descriptor per output); trn1, without the exact transpose, stores each block's column."""
+    descriptor per output)."""
 
     b = ctx.b
     x = n.inputs[0]
@@ -90,7 +90,7 @@ def emit_gemv(ctx: EmitCtx, n: Node, w_buf: str, w_off: int, epilogue: Sequence[
     w_pool = b.sbuf_pool(cw * dt.itemsize, bufs=max(4, W_PREFETCH_BYTES // (cw * dt.itemsize)))
     prod_pool = b.sbuf_pool(cw * 4, bufs=4)
     part_pool = b.sbuf_pool(4, bufs=2)
-    on_pe = ctx.target.pe_exact_transpose and 0 < rows <= P
+    on_pe = 0 < rows <= P
     group = P // rows if on_pe else 1
     res_pool = b.sbuf_pool(group * rows * 4, bufs=2)
     out_pool = b.sbuf_pool(max(P, rows) * odt.itemsize, bufs=2)

@@ -30,6 +30,7 @@ import math
 from collections.abc import Container, Sequence
 from dataclasses import dataclass
 
+from neuroncc.codegen.executable.builder import ALIGN
 from neuroncc.codegen.executable.loops import loop_bufs
 from neuroncc.codegen.hardware import costs, isa
 from neuroncc.codegen.hardware.targets import Target
@@ -58,18 +59,48 @@ class Blocking:
 
 
 def choose_blocking(
-    m: int, k: int, n: int, dtype: DType, t: Target, transposes: bool, reserve: int = 0
+    m: int,
+    k: int,
+    n: int,
+    dtypes: tuple[DType, DType],
+    t: Target,
+    on_chip: tuple[bool, bool],
+    reserve: int = 0,
 ) -> Blocking | None:
     """The largest blocks that fit (Note [matmul blocking]), or None where even one M tile of
-    A^T does not. `reserve`: SBUF bytes per partition an epilogue needs beside the blocks."""
-    banks = _accumulator_banks(t, transposes)
+    A^T does not. `dtypes`: the operands' and the result's; `on_chip`: whether A, and W for
+    B = W^T, are transposed on chip; `reserve`: SBUF bytes per partition an epilogue needs
+    beside the blocks."""
+    dt = dtypes[0]
+    banks = _accumulator_banks(t, any(on_chip))
     m_tiles, n_tiles = math.ceil(m / P), math.ceil(n / t.pe_moving_fmax)
-    at_bytes_per_tile = math.ceil(k / P) * P * dtype.itemsize  # A^T of one M tile
+    at_bytes_per_tile = math.ceil(k / P) * P * dt.itemsize  # A^T of one M tile
     fits = int((SBUF_SHARE * t.sbuf_partition_bytes - reserve) // max(at_bytes_per_tile, 1))
-    tm = min(m_tiles, banks, fits)
-    if tm < 1:
-        return None
-    return Blocking(tm, max(1, min(n_tiles, banks // tm)))
+    for tm in range(min(m_tiles, banks, fits), 0, -1):
+        blocking = Blocking(tm, max(1, min(n_tiles, banks // tm)))
+        if _sbuf_bytes(blocking, k, dtypes, t, on_chip) <= t.sbuf_partition_bytes - reserve:
+            return blocking
+    return None
+
+
+def _sbuf_bytes(
+    blocking: Blocking, k: int, dtypes: tuple[DType, DType], t: Target, on_chip: tuple[bool, bool]
+) -> int:
+    """SBUF bytes per partition of emit_matmul's pools for `blocking`."""
+    (dt, odt), (tm, tn), nf = dtypes, (blocking.tm, blocking.tn), t.pe_moving_fmax
+    kt_n = math.ceil(k / P)
+    pools = [
+        (tm * P * dt.itemsize, kt_n),  # A^T of one M block
+        (tn * nf * dt.itemsize, loop_bufs(3, kt_n)),  # B
+        (nf * odt.itemsize, loop_bufs(O_BUFS, tm * tn)),  # results out of PSUM
+    ]
+    if on_chip[0]:
+        pools.append((min(k, A_CHUNK_TILES * P) * dt.itemsize, 2 * tm))  # A's rows, loaded
+    if on_chip[1]:
+        pools.append((P * dt.itemsize, 2 * tn * nf // P))  # W's rows, loaded
+    if any(on_chip):
+        pools += [(P * dt.itemsize, 1), (P * 4, 1)]  # the identity, and its grid
+    return sum(-(-slot // ALIGN) * ALIGN * bufs for slot, bufs in pools)
 
 
 def largest_blocking(
@@ -84,8 +115,8 @@ def largest_blocking(
         return None
     epi_plan = epilogue_plan(n, epilogue, t) if epilogue else None
     reserve = epilogue_sbuf_bytes(epilogue, epi_plan, t.pe_moving_fmax, t) if epi_plan else 0
-    on_pe = (not a_transposed or b_transposed) and t.pe_exact_transpose
-    return choose_blocking(m, k, nn, n.inputs[0].type.dtype, t, on_pe, reserve)
+    dtypes = (n.inputs[0].type.dtype, n.out.type.dtype)
+    return choose_blocking(m, k, nn, dtypes, t, (not a_transposed, b_transposed), reserve)
 
 
 def _accumulator_banks(t: Target, transposes: bool) -> int:
@@ -146,10 +177,10 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
     b_buf, b_first, b_stride = (w_buf, w_off, k) if w_buf is not None else ctx.matrix_source(b_v)
     nf = t.pe_moving_fmax
     epi_plan = epilogue_plan(n, epilogue, t) if epilogue else None
-    on_pe = folded is None and t.pe_exact_transpose
+    on_pe = folded is None
     largest = largest_blocking(n, epilogue, folded is not None, t, w_buf is not None)
     blocking = _blocking(ctx, n, largest, on_pe or w_buf is not None)
-    if merge is not None and (blocking is None or not on_pe):
+    if merge is not None and blocking is None:
         raise CodegenError("a merged-heads operand needs the blocked schedule with A^T on chip")
     empty = n.out.type.numel == 0  # (an empty batch: no block to compute)
     if blocking is None or empty:  # the epilogue, if any, as a kernel of its own after it
@@ -195,11 +226,6 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
             width = sum(mt for _, mt in mrows)
             src = rect(folded, dt, bi * m * k + k0 * m + mrows[0][0], m, kt, width)
             b.dma(at_slots[ki].cols(0, width), src)
-            return
-        if not on_pe:  # no exact transpose on TensorE: element-strided DMA, A read once
-            for j, (r0, mt) in enumerate(mrows):
-                src = isa.DramRef(a_buf, bi * m * k + r0 * k + k0, dt, ((1, kt), (k, mt)))
-                b.dma(at_slots[ki].cols(j * P, mt), src)
             return
         for j, (r0, mt) in enumerate(mrows):
             c0 = k0 - k0 % chunk
@@ -371,34 +397,28 @@ def _emit_zero_or_simple(
                 b.dma(rect(out, odt, o_off + m0 * nn + n0, nn, mt, nt), ot)
 
 
-def pe_transposable(x: TensorType, perm: tuple[int, ...], t: Target) -> bool:
-    """Whether TRANSPOSE can run on TensorE (_transpose_blocks): float data on a target with
-    exact PE transposes, and a permutation that puts the input's last axis second-to-last
-    (the last two axes swapped, or a head split [b, s, h, d] -> [b, h, d, s]), so each output
-    matrix is the transpose of an input matrix with contiguous rows."""
+def pe_transposable(x: TensorType, perm: tuple[int, ...]) -> bool:
+    """Whether TRANSPOSE can run on TensorE (_transpose_blocks): float data and a permutation
+    that puts the input's last axis second-to-last (the last two axes swapped, or a head split
+    [b, s, h, d] -> [b, h, d, s]), so each output matrix is the transpose of an input matrix
+    with contiguous rows."""
     shape, perm = _squeezed(x.shape, perm)
     rank = len(shape)
-    return (
-        t.pe_exact_transpose
-        and x.dtype.is_float
-        and rank >= 2
-        and perm[-2] == rank - 1
-        and perm[-1] != rank - 1
-    )
+    return x.dtype.is_float and rank >= 2 and perm[-2] == rank - 1 and perm[-1] != rank - 1
 
 
-def foldable(n: Node, users: Sequence[Node], outputs: Container[int], t: Target) -> bool:
+def foldable(n: Node, users: Sequence[Node], outputs: Container[int]) -> bool:
     """Whether a TRANSPOSE can be left to the matmuls that read it: it swaps the last two
     axes and only matmuls read it, as their left operand, which they need as A^T anyway, or
-    (2-D, on a target with exact TensorE transposes) as a right operand W^T of 2-D matmuls,
-    which transpose W on chip as they load it (emit_matmul)."""
+    (2-D, float) as a right operand W^T of 2-D matmuls, which transpose W on chip as they
+    load it (emit_matmul)."""
     rank = n.out.type.rank
     last2 = tuple(n.attr("perm")) == (*range(rank - 2), rank - 1, rank - 2)
     if not last2 or not users or n.out.id in outputs:
         return False
     vid = n.out.id
     as_a = all(u.op is Op.MATMUL and u.inputs[0].id == vid != u.inputs[1].id for u in users)
-    as_b = t.pe_exact_transpose and n.out.type.dtype.is_float and rank == 2
+    as_b = n.out.type.dtype.is_float and rank == 2
     as_b = as_b and all(
         u.op is Op.MATMUL and u.inputs[1].id == vid != u.inputs[0].id and u.out.type.rank == 2
         for u in users
@@ -417,10 +437,10 @@ def emit_transpose_folded(ctx: EmitCtx, n: Node, layout: str) -> None:
                 "layout=dot needs a 2-D transpose read only by matmuls of few rows, as their "
                 "right operand"
             )
-    elif not foldable(n, users, outputs, ctx.target):
+    elif not foldable(n, users, outputs):
         raise CodegenError(
             "layout=fold needs a last-two-axes transpose read only by matmuls, as their left "
-            "operand or (2-D, on a target with exact TensorE transposes) their right one"
+            "operand or (2-D, float) their right one"
         )
     x, offset = n.inputs[0], None
     if x.id in ctx.row_slices:  # W is rows of a larger tensor, read where they are
@@ -431,10 +451,10 @@ def emit_transpose_folded(ctx: EmitCtx, n: Node, layout: str) -> None:
 def emit_transpose_on_pe(ctx: EmitCtx, n: Node) -> None:
     """layout=pe: TRANSPOSE on TensorE, 128x128 pieces at a time (_transpose_blocks)."""
     x = n.inputs[0]
-    if not pe_transposable(x.type, tuple(n.attr("perm")), ctx.target):
+    if not pe_transposable(x.type, tuple(n.attr("perm"))):
         raise CodegenError(
-            "layout=pe needs float data, a target with exact PE transposes and a permutation "
-            "that puts the input's last axis second-to-last"
+            "layout=pe needs float data and a permutation that puts the input's last axis "
+            "second-to-last"
         )
     out = ctx.alloc(n.out)
     if n.out.type.numel:

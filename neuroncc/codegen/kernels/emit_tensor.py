@@ -126,7 +126,7 @@ def transpose_layout(g: Graph, n: Node, t: Target) -> str:
     else as a strided DMA."""
     layout = g.choice(n.out.id, "layout")
     if layout is None:
-        layout = "pe" if pe_transposable(n.inputs[0].type, tuple(n.attr("perm")), t) else "dma"
+        layout = "pe" if pe_transposable(n.inputs[0].type, tuple(n.attr("perm"))) else "dma"
     return layout
 
 

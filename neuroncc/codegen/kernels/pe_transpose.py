@@ -1,7 +1,11 @@
-"""Transposes on TensorE: a [p, f] SBUF tile times the identity (`nc_transpose`, exact on
-targets with the transpose mode), the result copied out of PSUM. Matmuls transpose A and W^T
-with it (emit_matmul), attention Q, K and P (emit_attention), dot products their results
-(emit_gemv, emit_few_rows)."""
+"""Transposes on TensorE: a [p, f] SBUF tile times the identity (`nc_transpose`), the result
+copied out of PSUM. Matmuls transpose A and W^T with it (emit_matmul), attention Q, K and P
+(emit_attention), dot products their results (emit_gemv, emit_few_rows).
+
+Every target has them. NC-v3 on have an exact transpose mode; NC-v2 (trn1) multiplies by the
+identity, which is exact for finite data, and the NKI docs say so: "On NeuronCore-v2, Tensor
+Engine transpose is not bit-accurate if the input data contains NaN/Inf" (`nc_transpose`). The
+simulator computes that spreading (semantics.prepare_matmul) and warns where it happens."""
 
 from __future__ import annotations
 

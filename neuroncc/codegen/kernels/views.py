@@ -191,11 +191,8 @@ class MergedHeads:
     nodes: tuple[Value, ...]  # the transpose and the reshape, not emitted
 
 
-def merged_heads(g: Graph, pe_transposes: bool) -> dict[int, MergedHeads]:
-    """Matmul left operands read through a head merge (MergedHeads), by operand id. Only on
-    targets whose matmuls transpose A on TensorE (the rows are loaded as they are)."""
-    if not pe_transposes:
-        return {}
+def merged_heads(g: Graph) -> dict[int, MergedHeads]:
+    """Matmul left operands read through a head merge (MergedHeads), by operand id."""
     users, producers, outputs = g.users(), g.producers(), {v.id for v in g.outputs}
     grouped = g.kernel_of()
     found = {}
