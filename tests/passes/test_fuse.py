@@ -249,3 +249,46 @@ def test_a_row_kernel_loads_each_step_before_the_step_ahead_is_stored():
     assert all(load < store for load, store in zip(loads[1:], stores, strict=False))
     x = random_input(g.inputs[0].type)
     np.testing.assert_allclose(run(exe, [x], TRN2)[0], interpret(g, [x])[0], rtol=1e-6)
+
+
+BF16_LAYER_NORM = """graph @main(%0: bf16[300,96], %1: bf16[96], %2: bf16[96]) {
+  %3 = cast %0 {dtype=f32} : f32[300,96]
+  %4 = reduce_sum %3 {axes=[1], keepdim=true} : f32[300,1]
+  %5 = full {shape=[300,1], value=96, dtype=f32} : f32[300,1]
+  %6 = div %4, %5 : f32[300,1]
+  %7 = broadcast %6 {shape=[300,96]} : f32[300,96]
+  %8 = sub %3, %7 : f32[300,96]
+  %9 = mul %8, %8 : f32[300,96]
+  %10 = reduce_sum %9 {axes=[1], keepdim=true} : f32[300,1]
+  %11 = div %10, %5 : f32[300,1]
+  %12 = rsqrt %11 : f32[300,1]
+  %13 = broadcast %12 {shape=[300,96]} : f32[300,96]
+  %14 = mul %8, %13 : f32[300,96]
+  %15 = cast %1 {dtype=f32} : f32[96]
+  %16 = reshape %15 {shape=[1,96]} : f32[1,96]
+  %17 = broadcast %16 {shape=[300,96]} : f32[300,96]
+  %18 = mul %14, %17 : f32[300,96]
+  %19 = cast %2 {dtype=f32} : f32[96]
+  %20 = reshape %19 {shape=[1,96]} : f32[1,96]
+  %21 = broadcast %20 {shape=[300,96]} : f32[300,96]
+  %22 = add %18, %21 : f32[300,96]
+  %23 = cast %22 {dtype=bf16} : bf16[300,96]
+  return %23
+}
+"""
+
+
+def test_a_bf16_layer_norm_with_weight_and_bias_is_one_kernel_without_cast_passes():
+    """The weight and bias, cast to fp32 as the lowering writes them, are col values made once
+    per kernel; x is read as bf16 where the cast to fp32 was (Note [widening casts]) and the
+    last add writes bf16 itself (Note [narrowing casts]): the only copies are the weight's and
+    the bias's, once, over one row."""
+    g = parse(BF16_LAYER_NORM)
+    fused = Fuse().run(g, CTX)
+    assert fused.kernels == (tuple(range(3, 24)),)
+    exe = emit_graph(fused, TRN2)
+    copies = [x for x in exe.instructions if x.opcode == "tensor_copy"]
+    assert len(copies) == 2 and all(x.src.dtype == DType.BF16 for x in copies)
+    inputs = [random_input(v.type) for v in g.inputs]
+    got, want = run(exe, inputs, TRN2)[0], interpret(g, inputs)[0]
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))  # bit for bit

@@ -42,7 +42,10 @@ def emit_fused(
         raise AssertionError("the fuse pass formed a group codegen cannot emit")
     itemsize = max(v.type.dtype.itemsize for n in nodes for v in (*n.inputs, n.out))
     chunk = p.cols if not p.flat else max(1, min(p.cols, COLUMN_CHUNK_BYTES // itemsize))
-    kernel = RowKernel(ctx, nodes, p, chunk, chunk)
+    # Two steps at a time, and the next two's loads ahead, where four rounds fit.
+    kernel = RowKernel(
+        ctx, nodes, p, chunk, chunk, rounds=rounds_in_flight(nodes, p, ctx.target, most=4)
+    )
     if p.rows == 0 or p.cols == 0:
         return  # empty tensors: the buffers exist, nothing moves
     steps = [
@@ -50,30 +53,40 @@ def emit_fused(
         for r0 in range(0, p.rows, P)
         for c0 in range(0, p.cols, chunk)
     ]
-    # Each step's inputs are loaded before the step ahead of it computes and stores: DMAs
-    # share the engines in the order they are issued, so a load issued after the previous
-    # step's store would wait behind it.
-    # (With two rounds in flight the load would wait for the step ahead to finish anyway.)
+    # Steps go in groups of `width`, issued node by node in turn (RowKernel.steps), so one
+    # step's chain of dependent instructions runs beside the other's on the engines instead of
+    # after it. Each group's inputs are loaded before the group ahead of it computes and
+    # stores: DMAs share the engines in the order they are issued, so a load issued after the
+    # previous step's store would wait behind it. A group and the next one's loads take
+    # 2 * width rounds of the pools (with two rounds, the load would wait for the step ahead
+    # to finish anyway).
     early = kernel.rounds >= 3
-    loaded = kernel.prefetch(*steps[0]) if early else {}
+    width = 2 if kernel.rounds >= 4 else 1
+    groups = [steps[i : i + width] for i in range(0, len(steps), width)]
+
+    def prefetch(group: list) -> list[dict]:
+        return [kernel.prefetch(*spec) for spec in group] if early else [{}] * len(group)
+
+    loaded = prefetch(groups[0])
     periods = [v.type.numel // p.cols for v in _inputs(nodes) if p.kind.get(v.id) == "period"]
 
     def shape(i: int) -> tuple | None:
-        if i == len(steps):
+        if i == len(groups):
             return None
-        r0, rp, c0, f = steps[i]
-        return rp, c0, f, r0 == 0, tuple(r0 % n for n in periods)
+        return tuple(
+            (rp, c0, f, r0 == 0, tuple(r0 % n for n in periods)) for r0, rp, c0, f in groups[i]
+        )
 
-    # Note [instruction loops]: a step is fixed by its shape, where it lies in its row (and in
-    # a repeating input's rows) and the next step's shape (its loads ahead).
-    forms = [(shape(i), shape(i + 1)) for i in range(len(steps))]
+    # Note [instruction loops]: a group is fixed by its steps' shapes, where they lie in their
+    # rows (and in a repeating input's rows) and the next group's shapes (its loads ahead).
+    forms = [(shape(i), shape(i + 1)) for i in range(len(groups))]
 
     def state() -> tuple:
-        return tuple(loaded.items()), kernel.loop_state()
+        return tuple(tuple(given.items()) for given in loaded), kernel.loop_state()
 
     for i in ctx.b.loop(forms, state):
-        ahead = kernel.prefetch(*steps[i + 1]) if early and i + 1 < len(steps) else {}
-        kernel.step(*steps[i], loaded)
+        ahead = prefetch(groups[i + 1]) if i + 1 < len(groups) else []
+        kernel.steps([(*spec, given) for spec, given in zip(groups[i], loaded, strict=True)])
         loaded = ahead
 
 
@@ -134,15 +147,20 @@ class RowKernel:
         if self.square_sums:  # their activation's bias: none
             self.zero = b.sbuf_pool(64, bufs=1).tile(min(P, p.rows), (1,), DType.F32)
             b.emit(isa.Memset("pool", dst=self.zero, value=0.0))
-        # Buffers as the kernel will compute: an activation-reduce reads x and the row itself.
-        planned = _as_computed(nodes, self.act_reduce)
+        read_outside = {n.out.id for n in nodes if any(u.out.id in inside for u in users[n.out.id])}
+        roots = escaping_ids | read_outside | set(keep)
+        self.widened = _widening_casts(nodes, p, roots)
+        special = set(self.act_reduce) | set(self.square_sums.values())
+        self.narrowed = _narrowing_casts(nodes, p, roots, users, special)
+        # Buffers as the kernel will compute: an activation-reduce reads x and the row itself;
+        # what reads a widening cast reads its input, what reads a narrowing one its producer.
+        casts = {**self.widened, **{c.out.id: c.inputs[0] for c in self.narrowed.values()}}
+        planned = _as_computed(nodes, self.act_reduce, casts)
         self.slots = assign_slots(planned, p)
         self.in_place = in_place_results(planned, p)
         self.aliased = {
             out: src for out, src in (aliases or {}).items() if self.in_place.get(out) == src
         }
-        read_outside = {n.out.id for n in nodes if any(u.out.id in inside for u in users[n.out.id])}
-        roots = escaping_ids | read_outside | set(keep)
         self.dead = _unread(nodes, roots, self.aliased, self.act_reduce) if self.aliased else set()
         # Pools hold two or three rounds of what one step allocates, so step i+1 loads while
         # step i computes and no value is overwritten while live.
@@ -160,15 +178,17 @@ class RowKernel:
         bcast = "bcast" in p.kind.values()
         self.extra_pool = b.sbuf_pool(step_cols * itemsize, bufs=2) if bcast else None
         # Values the same for every step, made once: col rows and scalars loaded from HBM
-        # with partition stride 0, constants memset.
+        # with partition stride 0, constants memset, col values computed from them.
         external = [
             vid for vid, c in p.kind.items() if vid not in defined and c in ("col", "scalar")
         ]
         made = [n for n in nodes if n.op == Op.FULL]
+        computed_cols = [n for n in nodes if p.kind[n.out.id] == "col" and n.op != Op.RESHAPE]
         wide = {vid for vid, c in p.kind.items() if c in ("col", "const_full")}
         n_wide = sum(1 for v in external if v in wide) + sum(1 for n in made if n.out.id in wide)
-        wide_pool = b.sbuf_pool(const_cols * itemsize, bufs=n_wide) if n_wide else None
         n_narrow = len(external) + len(made) - n_wide
+        n_wide += len(computed_cols)
+        wide_pool = b.sbuf_pool(const_cols * itemsize, bufs=n_wide) if n_wide else None
         narrow_pool = b.sbuf_pool(64, bufs=n_narrow) if n_narrow else None
         self.consts: dict[int, isa.TileRef] = {}
         self.whole_rows = const_cols == p.cols  # constants hold the whole row: slice at c0
@@ -190,6 +210,14 @@ class RowKernel:
             b.emit(isa.Memset("pool", dst=t, value=float(n.attr("value"))))
             self.consts[n.out.id] = t
             self.const_values[n.out.id] = float(n.attr("value"))
+        for n in nodes:  # (in order: a reshape's input is there before it)
+            if p.kind[n.out.id] != "col" or n.out.id in self.consts:
+                continue
+            if n.op == Op.RESHAPE:
+                self.consts[n.out.id] = self.consts[n.inputs[0].id]
+                continue
+            t = self.consts[n.out.id] = const_tile(n.out.id, n.out.type.dtype)
+            b.emit(_compute_instr(n, t, [self.consts[v.id] for v in n.inputs]))
         self.generated = generated_values(nodes, generated or {})
         assert self.generated is not None, "generated values are read as select conditions"
         if self.generated:
@@ -330,10 +358,51 @@ def _unread(nodes: Sequence[Node], roots: set[int], aliased: dict, act_reduce: d
     return {n.out.id for n in nodes} - need
 
 
-def _as_computed(nodes: Sequence[Node], act_reduce: dict) -> list[Node]:
-    """The group as emitted with activation-reduces: the subtraction gone, the activation
-    reading x and the row value (for buffer planning: what is live when)."""
-    gone = {diff.out.id for diff, _ in act_reduce.values()}
+def _widening_casts(nodes: Sequence[Node], p: RowPlan, roots: set[int]) -> dict[int, Value]:
+    """Note [widening casts]: casts of a 16-bit float full value to fp32 that only the group
+    reads (not in `roots`): cast id -> its input. Engines compute in fp32 whatever they read,
+    so what reads the cast reads its input instead, and the cast, a pass over every element,
+    is not emitted."""
+    return {
+        n.out.id: n.inputs[0]
+        for n in nodes
+        if n.op.info.kind is Kind.CAST
+        and n.out.type.dtype == DType.F32
+        and n.inputs[0].type.dtype in (DType.BF16, DType.F16)
+        and p.kind.get(n.out.id) == p.kind.get(n.inputs[0].id) == "full"
+        and n.out.id not in roots
+    }
+
+
+def _narrowing_casts(
+    nodes: Sequence[Node], p: RowPlan, roots: set[int], users: Mapping, special: set[int]
+) -> dict[int, Node]:
+    """Note [narrowing casts]: casts of an fp32 full value to a 16-bit float whose producer,
+    a unary or binary op of the group (not one emitted specially: `special`), is read by the
+    cast alone and only in the group: producer id -> the cast. The producer writes the cast's
+    dtype itself (engines compute in fp32 and round to their destination's dtype, so the
+    values are the same), and the cast, a pass over every element, is not emitted."""
+    made = {n.out.id: n for n in nodes}
+    found = {}
+    for n in nodes:
+        src = made.get(n.inputs[0].id) if n.op.info.kind is Kind.CAST else None
+        if src is None or src.op.info.kind not in (Kind.UNARY, Kind.BINARY) or src.op == Op.NOT:
+            continue
+        if n.out.type.dtype not in (DType.BF16, DType.F16) or src.out.type.dtype != DType.F32:
+            continue
+        if p.kind.get(src.out.id) != "full" or p.kind.get(n.out.id) != "full":
+            continue
+        if src.out.id in roots | special or [u.out.id for u in users[src.out.id]] != [n.out.id]:
+            continue
+        found[src.out.id] = n
+    return found
+
+
+def _as_computed(nodes: Sequence[Node], act_reduce: dict, casts: Mapping) -> list[Node]:
+    """The group as emitted with activation-reduces (the subtraction gone, the activation
+    reading x and the row value) and without the casts it folds away (`casts`: id -> the
+    value their readers read instead): for buffer planning, what is live when."""
+    gone = {diff.out.id for diff, _ in act_reduce.values()} | set(casts)
     out = []
     for n in nodes:
         if n.out.id in gone:
@@ -341,6 +410,8 @@ def _as_computed(nodes: Sequence[Node], act_reduce: dict) -> list[Node]:
         if n.out.id in act_reduce:
             diff = act_reduce[n.out.id][0]
             n = replace(n, inputs=diff.inputs)
+        if any(v.id in casts for v in n.inputs):
+            n = replace(n, inputs=tuple(casts.get(v.id, v) for v in n.inputs))
         out.append(n)
     return out
 
@@ -528,6 +599,21 @@ def _tile_ops(k: RowKernel, r0: int, rp: int, c0: int, f: int, tiles: dict, pass
             continue
         if n.out.id in k.generated:  # made where a select reads it
             continue
+        if n.out.id in k.widened:  # its readers read its input (Note [widening casts])
+            tiles[n.out.id] = tile_of(k.widened[n.out.id])
+            continue
+        if n.op.info.kind is Kind.CAST and n.inputs[0].id in k.narrowed:
+            tiles[n.out.id] = tiles[
+                n.inputs[0].id
+            ]  # its producer wrote it (Note [narrowing casts])
+            if n.out.id in escaping_ids:
+                store(n.out, tiles[n.out.id])
+            continue
+        if c == "col":  # made once (RowKernel)
+            tiles[n.out.id] = tile_of(n.out)
+            if n.out.id in escaping_ids:
+                store(n.out, tiles[n.out.id])
+            continue
         if n.op in (Op.BROADCAST, Op.RESHAPE, Op.FULL):
             # Read as a per-partition scalar, a col row or a constant tile: nothing to compute.
             src = consts[n.out.id] if n.op == Op.FULL else tile_of(n.inputs[0])
@@ -541,15 +627,17 @@ def _tile_ops(k: RowKernel, r0: int, rp: int, c0: int, f: int, tiles: dict, pass
         ins = (diff or n).inputs
         made = n.op.info.kind is Kind.SELECT and ins[0].id in k.generated
         srcs = [tile_of(v) for v in ins[made:]]  # (a generated condition: by columns, below)
+        cast = k.narrowed.get(n.out.id)
+        dt = (cast or n).out.type.dtype
         if n.out.id in k.in_place and tiles[k.in_place[n.out.id]] in k.gen_tiles.values():
             # not over a kept generated tile, which later steps reuse: into its slot
-            dst = k.slot_pools[k.slots[k.in_place[n.out.id]]].tile(rp, (f,), n.out.type.dtype)
+            dst = k.slot_pools[k.slots[k.in_place[n.out.id]]].tile(rp, (f,), dt)
         elif n.out.id in k.in_place:
-            dst = replace(tiles[k.in_place[n.out.id]], dtype=n.out.type.dtype)
+            dst = replace(tiles[k.in_place[n.out.id]], dtype=dt)
         elif c == "full":
-            dst = k.slot_pools[k.slots[n.out.id]].tile(rp, (f,), n.out.type.dtype)
+            dst = k.slot_pools[k.slots[n.out.id]].tile(rp, (f,), dt)
         else:
-            dst = k.row_pool.tile(rp, (1,), n.out.type.dtype)
+            dst = k.row_pool.tile(rp, (1,), dt)
         if made:  # the condition made GEN_COLS columns at a time, and the select with it
             for c in range(lo, f, GEN_COLS):
                 w = min(GEN_COLS, f - c)

@@ -8,8 +8,10 @@ are a row (C = their product elements) and whose leading axes count the rows (R)
 - full: shape F (or, with k = 1, any shape of the same rows and row length: a reshape between
   those is free), an [R, C] tile stream, rows on partitions;
 - row: shape F[:-k] + (1,)*k or F[:-k], one element per row ([R, 1] tiles);
-- col: shape (1,)*(rank-k) + F[-k:], the same row for every row (loaded once, partition stride
-  0), only as the input of a broadcast (whose result reads that tile: "bcast_col");
+- col: shape (1,)*(rank-k) + F[-k:] or F[-k:], the same row for every row (loaded once,
+  partition stride 0), only as the input of a broadcast (whose result reads that tile:
+  "bcast_col"); or computed from col values by unary ops and casts (a LayerNorm weight cast to
+  fp32), once per kernel, not per row step;
 - scalar: one element, only as the input of a broadcast;
 - period: shape (1,)*a + F[a:], rows repeating with period R' = prod(F[a:-k]) (a causal mask
   broadcast over batch and heads), only as a kernel input read by a broadcast, whose result
@@ -37,6 +39,7 @@ from neuroncc.ir.ops import Kind, Op
 _ELEMENTWISE = (Kind.UNARY, Kind.BINARY, Kind.COMPARE, Kind.SELECT, Kind.CAST)
 REDUCE_OPS = {Op.REDUCE_SUM: "sum", Op.REDUCE_MAX: "max", Op.REDUCE_MIN: "min"}
 _BROADCAST_READERS = (Kind.BINARY, Kind.COMPARE, Kind.SELECT)
+_COL_OPS = (Kind.UNARY, Kind.CAST)  # what a kernel may compute on col values
 # Share of an SBUF partition a fused kernel may take (the rest: other kernels' pools).
 SBUF_SHARE = 0.75
 COLUMN_CHUNK_BYTES = 8192  # free bytes per tile of a group without row structure
@@ -64,7 +67,7 @@ def _classify(shape: tuple[int, ...], full: tuple[int, ...], k: int) -> str | No
         _squeezed(shape) == _squeezed(lead) and shape[len(shape) - k :] == (1,) * k
     ):
         return "row"  # one value per row (unit dims anywhere keep the order)
-    if len(shape) == len(full) and shape == (1,) * len(lead) + full[len(lead) :]:
+    if shape in ((1,) * len(lead) + full[len(lead) :], full[len(lead) :]):
         return "col"
     if math.prod(shape) == 1:
         return "scalar"
@@ -176,6 +179,9 @@ def plan(
             kind[n.out.id] = "row"
             continue
         out = _classify(n.out.type.shape, full, k)
+        if out == "col" and set(ins) == {"col"} and n.op.info.kind in _COL_OPS:
+            kind[n.out.id] = "col"  # computed once per kernel (RowKernel)
+            continue
         classes = {"full" if c == "bcast" else _AS.get(c) for c in ins}
         if out not in ("full", "row") or classes != {out}:
             return None
@@ -263,11 +269,13 @@ def sbuf_bytes(
     return full + cols * row_bytes + rounds * 2 * rows * 64 + extra
 
 
-def rounds_in_flight(nodes: Sequence[Node], p: RowPlan, t: Target, reserve: int = 0) -> int:
+def rounds_in_flight(
+    nodes: Sequence[Node], p: RowPlan, t: Target, reserve: int = 0, most: int = 3
+) -> int:
     """Row steps whose tiles coexist: three (load, compute and store of successive steps all
-    overlap) where SBUF allows, else two (double buffering)."""
+    overlap), or up to `most`, where SBUF allows, else two (double buffering)."""
     budget = SBUF_SHARE * t.sbuf_partition_bytes - reserve
-    return 3 if sbuf_bytes(nodes, p, 3) <= budget else 2
+    return next((r for r in range(most, 2, -1) if sbuf_bytes(nodes, p, r) <= budget), 2)
 
 
 def _last_uses(nodes: Sequence[Node]) -> dict[int, int]:
