@@ -4,6 +4,8 @@
     python tools/bench.py --quick            # tiny shapes (what the tests run)
     python tools/bench.py --only gemm,softmax --json out.json
     python tools/bench.py --timing-only      # no numerics: fast, but no simulator wall time
+    python tools/bench.py --sweep-quick      # and the sweep of real models' shapes (sweep.py)
+    python tools/bench.py --only none --sweep   # the whole sweep alone (hours)
 
 After the workloads: the persistent cache's figures (tools/bench_cache.py), unless --only or
 --no-cache.
@@ -340,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--no-cache", action="store_true", help="skip the persistent-cache figures")
     p.add_argument("--json", default="bench.json", help="write the rows here")
+    p.add_argument("--sweep", action="store_true", help="then the sweep (tools/sweep.py)")
+    p.add_argument("--sweep-quick", action="store_true", help="then the sweep's quick subset")
     args = p.parse_args(argv)
     wanted = args.only.split(",") if args.only else None
     rows = []
@@ -351,10 +355,17 @@ def main(argv: list[str] | None = None) -> int:
             continue
         rows.append(run_workload(w, args.quick, not args.no_inductor, args.timing_only))
         print(f"  {w.name}: {rows[-1].device_us:.1f} us", flush=True)
-    print_table(rows)
+    if rows:
+        print_table(rows)
     report = {"workloads": [{**asdict(r), "sim_over_eager": r.sim_over_eager} for r in rows]}
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if args.sweep or args.sweep_quick:
+        from tools import sweep
+
+        report["sweep"] = sweep.run(quick=not args.sweep)
+        if report["sweep"]["summary"]:
+            sweep.print_summary(report["sweep"]["summary"])
     if not args.no_cache and not wanted:
-        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         from tools import bench_cache
 
         report["cache"] = bench_cache.run(args.quick)

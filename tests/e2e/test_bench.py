@@ -1,5 +1,7 @@
 """The benchmark suite's quick subset, and opt_level 0 vs 2 agreeing end to end."""
 
+import tempfile
+
 import pytest
 import torch
 
@@ -72,3 +74,39 @@ def test_cache_benchmark_quick():
         assert g["hit_s"] > 0 and g["compile_s"] > 0 and g["instructions"] > 0
     assert all(t["graphs"] == n for t in result["warmup"].values())
     bench_cache.print_report(result)
+
+
+def test_sweep_cases_come_from_the_model_configs_and_time_against_the_roofline(fresh):
+    """The sweep's cases are every projection of each model in each form (no hand-picked
+    shapes), and a case's fraction is its roofline over its device time; the quick subset
+    keeps every kind. One case of each kind is run here (meta tensors: nothing computed)."""
+    from tools import sweep
+
+    shapes = {m.name: [(k, n) for _, k, n in m.linears()] for m in sweep.MODELS}
+    assert shapes["gpt2"] == [(768, 2304), (768, 768), (768, 3072), (3072, 768)]
+    assert shapes["llama-3-8b"] == [(4096, 4096), (4096, 1024), (4096, 14336), (14336, 4096)]
+    quick = sweep.cases(quick=True)
+    assert {c.kind for c in quick} == {
+        "gemm",
+        "decode",
+        "layernorm",
+        "rmsnorm",
+        "softmax",
+        "attention",
+    }
+    assert len(sweep.cases()) > 10 * len(quick)
+    picked = [
+        "decode/trn2/bfloat16/nn.Linear/1x768x3072",
+        "gemm/trn1/float32/a @ b/128x768x768",
+        "rmsnorm/trn2/bfloat16/affine/4096x1024",
+        "attention/trn2/float32/causal/12/12x128x64",
+    ]
+    chosen = [c for c in quick if c.label in picked]
+    assert len(chosen) == len(picked)
+    with tempfile.TemporaryDirectory() as cache:
+        results = [sweep.run_case(c, cache) for c in chosen]
+    for r in results:
+        assert not r.error and 0 < r.roofline_us <= r.device_us
+        assert r.fraction == pytest.approx(r.roofline_us / r.device_us)
+    s = sweep.summary(results)
+    assert s["cases"] == 4 and 0 < s["min"] <= s["geomean"] <= 1
