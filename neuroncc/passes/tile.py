@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from neuroncc.codegen.kernels.emit_matmul import largest_blocking
+from neuroncc.codegen.kernels.emit_matmul import blocked_ns, matmul_blockings
 from neuroncc.ir.graph import Graph, Node, with_choices
 from neuroncc.ir.ops import Op
 from neuroncc.passes.manager import PassContext, register_pass
@@ -40,11 +40,13 @@ class Tile:
                 continue  # dot products on Vector/GpSimd (emit_gemv.py): no blocks
             a_transposed = g.choice(n.inputs[0].id, "layout") == "fold"
             b_transposed = g.choice(n.inputs[1].id, "layout") == "fold"
-            blocking = largest_blocking(
+            fitting = matmul_blockings(
                 n, epilogues[n.out.id], a_transposed, ctx.target, b_transposed
             )
-            if blocking is not None:
-                made[n.out.id] = (blocking.tm, blocking.tn)
+            if fitting:  # the fastest by the cost model; of equals, the largest TM
+                ns = [blocked_ns(n, b, ctx.target, a_transposed, b_transposed) for b in fitting]
+                best = fitting[ns.index(min(ns))]
+                made[n.out.id] = (best.tm, best.tn)
         return with_choices(g, "tile", made) if made else g
 
 

@@ -71,16 +71,31 @@ def choose_blocking(
     A^T does not. `dtypes`: the operands' and the result's; `on_chip`: whether A, and W for
     B = W^T, are transposed on chip; `reserve`: SBUF bytes per partition an epilogue needs
     beside the blocks."""
+    return next(iter(blockings(m, k, n, dtypes, t, on_chip, reserve)), None)
+
+
+def blockings(
+    m: int,
+    k: int,
+    n: int,
+    dtypes: tuple[DType, DType],
+    t: Target,
+    on_chip: tuple[bool, bool],
+    reserve: int = 0,
+) -> list[Blocking]:
+    """Every blocking that fits, TM from the largest down, each with as many N tiles as the
+    PSUM banks left hold (choose_blocking's arguments)."""
     dt = dtypes[0]
     banks = _accumulator_banks(t, any(on_chip))
     m_tiles, n_tiles = math.ceil(m / P), math.ceil(n / t.pe_moving_fmax)
     at_bytes_per_tile = math.ceil(k / P) * P * dt.itemsize  # A^T of one M tile
     fits = int((SBUF_SHARE * t.sbuf_partition_bytes - reserve) // max(at_bytes_per_tile, 1))
+    found = []
     for tm in range(min(m_tiles, banks, fits), 0, -1):
         blocking = Blocking(tm, max(1, min(n_tiles, banks // tm)))
         if _sbuf_bytes(blocking, k, dtypes, t, on_chip) <= t.sbuf_partition_bytes - reserve:
-            return blocking
-    return None
+            found.append(blocking)
+    return found
 
 
 def _sbuf_bytes(
@@ -109,14 +124,39 @@ def largest_blocking(
     """choose_blocking for the matmul n with its fused `epilogue`; `a_transposed`: A^T is in
     HBM already (a folded transpose), so no PSUM bank goes to transposing A, unless
     `b_transposed`: B is W^T with W in HBM, transposed on chip as it is loaded."""
+    return next(iter(matmul_blockings(n, epilogue, a_transposed, t, b_transposed)), None)
+
+
+def matmul_blockings(
+    n: Node, epilogue: Sequence[Node], a_transposed: bool, t: Target, b_transposed: bool = False
+) -> list[Blocking]:
+    """blockings for the matmul n (largest_blocking's arguments)."""
     *_, m, k = n.inputs[0].type.shape
     nn = n.inputs[1].type.shape[-1]
     if not (m and k and nn):
-        return None
+        return []
     epi_plan = epilogue_plan(n, epilogue, t) if epilogue else None
     reserve = epilogue_sbuf_bytes(epilogue, epi_plan, t.pe_moving_fmax, t) if epi_plan else 0
     dtypes = (n.inputs[0].type.dtype, n.out.type.dtype)
-    return choose_blocking(m, k, nn, dtypes, t, (not a_transposed, b_transposed), reserve)
+    return blockings(m, k, nn, dtypes, t, (not a_transposed, b_transposed), reserve)
+
+
+def blocked_ns(u: Node, blocking: Blocking, t: Target, a_folded: bool, w_folded: bool) -> float:
+    """emit_matmul's blocked schedule for u as the busier of TensorE's products and the DMA
+    queues: A loaded once (rows in chunks, or A^T's rows where it is folded), B once per M
+    block in rows of a step's width (W's rows of one K tile where B = W^T is made on chip),
+    the result stored once in rows of 512. (TensorE's transposes and the copies out of PSUM
+    are left out: the same for every blocking of A, W's once per M block.)"""
+    a, b, o = (v.type for v in (*u.inputs, u.out))
+    *batch, m, k = a.shape
+    nn, mats, q = b.shape[-1], math.prod(batch), t.dma_queues
+    blocks = mats * math.ceil(math.ceil(m / P) / blocking.tm)
+    a_run = min(m, blocking.tm * P) if a_folded else min(k, A_CHUNK_TILES * P)
+    b_run = min(k, P) if w_folded else min(nn, blocking.tn * t.pe_moving_fmax)
+    moves = costs.dma_ns(a.nbytes, a_run * a.dtype.itemsize, t, q)
+    moves += blocks * costs.dma_ns(k * nn * b.dtype.itemsize, b_run * b.dtype.itemsize, t, q)
+    moves += costs.dma_ns(o.nbytes, min(nn, t.pe_moving_fmax) * o.dtype.itemsize, t, q)
+    return max(pe_matmul_ns(u, t), moves)
 
 
 def _accumulator_banks(t: Target, transposes: bool) -> int:
