@@ -292,3 +292,20 @@ def test_a_bf16_layer_norm_with_weight_and_bias_is_one_kernel_without_cast_passe
     inputs = [random_input(v.type) for v in g.inputs]
     got, want = run(exe, inputs, TRN2)[0], interpret(g, inputs)[0]
     np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))  # bit for bit
+
+
+def test_a_widened_value_passed_on_by_a_reshape_is_cast():
+    """A cast to fp32 that only a reshape reads is stored as the reshape's fp32 result, so it
+    is computed (Note [widening casts] skips only casts the group's arithmetic reads)."""
+    g = parse(
+        """graph @main(%0: bf16[3,1,2]) {
+  %1 = cast %0 {dtype=f32} : f32[3,1,2]
+  %2 = reshape %1 {shape=[3,2]} : f32[3,2]
+  return %2
+}
+"""
+    )
+    fused = Fuse().run(g, CTX)
+    assert fused.kernels == ((1, 2),)
+    x = random_input(g.inputs[0].type)
+    np.testing.assert_array_equal(run(emit_graph(fused, TRN2), [x], TRN2)[0], interpret(g, [x])[0])

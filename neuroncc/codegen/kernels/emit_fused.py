@@ -28,6 +28,7 @@ from neuroncc.ir.graph import Node, Value
 from neuroncc.ir.ops import Kind, Op
 from neuroncc.ir.types import DType
 
+_ELEMENTWISE = (Kind.UNARY, Kind.BINARY, Kind.COMPARE, Kind.SELECT, Kind.CAST)
 GEN_COLS = 128  # generated tiles are this wide at most (one key tile), and kept for reuse
 GEN_CACHED = 4
 GENERATED_BYTES = GEN_CACHED * GEN_COLS + 2 * GEN_COLS * 4  # their pool and the iotas'
@@ -149,7 +150,7 @@ class RowKernel:
             b.emit(isa.Memset("pool", dst=self.zero, value=0.0))
         read_outside = {n.out.id for n in nodes if any(u.out.id in inside for u in users[n.out.id])}
         roots = escaping_ids | read_outside | set(keep)
-        self.widened = _widening_casts(nodes, p, roots)
+        self.widened = _widening_casts(nodes, p, roots, users)
         special = set(self.act_reduce) | set(self.square_sums.values())
         self.narrowed = _narrowing_casts(nodes, p, roots, users, special)
         # Buffers as the kernel will compute: an activation-reduce reads x and the row itself;
@@ -358,11 +359,14 @@ def _unread(nodes: Sequence[Node], roots: set[int], aliased: dict, act_reduce: d
     return {n.out.id for n in nodes} - need
 
 
-def _widening_casts(nodes: Sequence[Node], p: RowPlan, roots: set[int]) -> dict[int, Value]:
-    """Note [widening casts]: casts of a 16-bit float full value to fp32 that only the group
-    reads (not in `roots`): cast id -> its input. Engines compute in fp32 whatever they read,
-    so what reads the cast reads its input instead, and the cast, a pass over every element,
-    is not emitted."""
+def _widening_casts(
+    nodes: Sequence[Node], p: RowPlan, roots: set[int], users: Mapping
+) -> dict[int, Value]:
+    """Note [widening casts]: casts of a 16-bit float full value to fp32 that only the group's
+    arithmetic reads (not `roots`; no reshape or broadcast, which would pass the tile on as
+    it is): cast id -> its input. Engines compute in fp32 whatever they read, so what reads
+    the cast reads its input instead, and the cast, a pass over every element, is not
+    emitted."""
     return {
         n.out.id: n.inputs[0]
         for n in nodes
@@ -371,6 +375,7 @@ def _widening_casts(nodes: Sequence[Node], p: RowPlan, roots: set[int]) -> dict[
         and n.inputs[0].type.dtype in (DType.BF16, DType.F16)
         and p.kind.get(n.out.id) == p.kind.get(n.inputs[0].id) == "full"
         and n.out.id not in roots
+        and all(u.op.info.kind in _ELEMENTWISE or u.op in REDUCE_OPS for u in users[n.out.id])
     }
 
 
