@@ -4,8 +4,10 @@ A matmul block is TM row tiles of 128 (its A^T kept in SBUF over all of K) by TN
 of 512 (one fp32 PSUM bank each, accumulating over K); each step over K loads one [128, TN x
 512] tile of B and issues TM x TN matmuls (Note [matmul blocking] in emit_matmul.py). B is
 read from HBM once per M block, so HBM traffic falls as 1/TM and a step's DMA shrinks against
-its TensorE time: the pass takes the largest TM that the PSUM banks and the SBUF left beside a
-fused epilogue allow, then as many N tiles as the remaining banks hold. The limits are the
+its TensorE time, while a wider TN makes B's rows longer (fewer DMA descriptors). The pass
+prices each TM that the PSUM banks and the SBUF left beside a fused epilogue allow, with as many
+N tiles as the remaining banks hold (emit_matmul.blocked_ns: TensorE against the DMA queues),
+and takes the cheapest; of equals, the largest TM. The limits are the
 target's (PSUM banks, SBUF bytes per partition, the 128 x 512 moving tile) and the layout
 pass's choice for A (a folded transpose leaves A^T in HBM: no PSUM bank goes to transposing).
 

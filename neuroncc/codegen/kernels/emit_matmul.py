@@ -12,10 +12,11 @@ HBM.
 Blocking (Note [matmul blocking]): an M block of TM x 128 rows keeps its whole A^T in SBUF and
 TM x TN PSUM banks accumulate [128, 512] fp32 output tiles over all of K; each step over K then
 loads one [128, TN x 512] tile of B (contiguous rows) and issues TM x TN matmuls. A is read
-from HBM once, B once per M block. TM is as large as PSUM banks and SBUF allow: a step's DMA
-(B only) shrinks relative to its TensorE time as TM grows, which is what makes the big GEMMs
-compute-bound. The choice reads the target's PSUM banks and SBUF size; where even one M tile of
-A^T does not fit (a very long K) the plain tiled schedule is used.
+from HBM once, B once per M block. A larger TM shrinks a step's DMA (B only) relative to its
+TensorE time, which is what makes the big GEMMs compute-bound; a larger TN lengthens B's rows
+(fewer DMA descriptors). The tile pass prices every blocking the PSUM banks and SBUF allow
+(`blocked_ns`) and takes the cheapest; without it, the largest TM. Where even one M tile of A^T
+does not fit (a very long K) the plain tiled schedule is used.
 
 Note [matmul epilogue]: elementwise work on the result (bias, activation, residual add,
 scaling, a cast) that the fuse pass grouped after the matmul runs on each [rows, <= 512] tile as
