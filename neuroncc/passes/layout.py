@@ -39,11 +39,11 @@ from neuroncc.codegen.kernels.attention_planner import attention_plans
 from neuroncc.codegen.kernels.emit import P
 from neuroncc.codegen.kernels.emit_gemv import gemv_foldable, gemv_ns
 from neuroncc.codegen.kernels.emit_matmul import (
-    A_CHUNK_TILES,
     TRANSPOSE_RUN_BYTES,
+    Blocking,
+    blocked_ns,
     foldable,
     largest_blocking,
-    pe_matmul_ns,
     pe_source,
     pe_transposable,
 )
@@ -102,26 +102,17 @@ def _layout(n: Node, readers: list[Node], outputs: set[int], producers: dict, t:
 
 
 def _matmul_ns(u: Node, t: Target, folded: Node | None = None) -> float:
-    """The matmul u as emit_matmul runs it, the busiest of TensorE, the PSUM copies and the
-    DMA queues: A loaded and transposed once, B once per M block, the result stored once.
-    B is read as it is in HBM, or, with the transpose `folded` (B = W^T), made from W's rows
-    on chip ([128, 128] pieces: runs of one K tile), which also costs TensorE and the copies
-    its pieces once per M block."""
-    a, b, o = (v.type for v in (*u.inputs, u.out))
-    *batch, m, k = a.shape
-    nn, mats = b.shape[-1], math.prod(batch)
-    blocking = largest_blocking(u, [], False, t, b_transposed=folded is not None)
-    tm, tn = (blocking.tm, blocking.tn) if blocking else (1, 1)
-    blocks = mats * math.ceil(math.ceil(m / P) / tm)
-    b_run = min(k, P) if folded is not None else min(nn, tn * t.pe_moving_fmax)
-    moves = dma_ns(a.nbytes, min(k, A_CHUNK_TILES * P) * a.dtype.itemsize, t, t.dma_queues)
-    moves += blocks * dma_ns(k * nn * b.dtype.itemsize, b_run * b.dtype.itemsize, t, t.dma_queues)
-    run = min(nn, t.pe_moving_fmax) * o.dtype.itemsize
-    moves += dma_ns(o.nbytes, run, t, t.dma_queues)
-    pieces = copies = 0.0
-    if folded is not None:
-        _, pieces, copies, _ = _pe_parts(folded, t)
-    return max(pe_matmul_ns(u, t) + blocks * pieces, blocks * copies, moves)
+    """The matmul u as emit_matmul runs it at its largest blocking (emit_matmul.blocked_ns),
+    B read as it is in HBM, or, with the transpose `folded` (B = W^T), made from W's rows on
+    chip, which costs TensorE and the PSUM copies its pieces once per M block."""
+    w_folded = folded is not None
+    blocking = largest_blocking(u, [], False, t, b_transposed=w_folded) or Blocking(1, 1)
+    if not w_folded:
+        return blocked_ns(u, blocking, t, False, False)
+    *batch, m, _ = u.inputs[0].type.shape
+    blocks = math.prod(batch) * math.ceil(math.ceil(m / P) / blocking.tm)
+    _, pieces, copies, _ = _pe_parts(folded, t)
+    return max(blocked_ns(u, blocking, t, False, True, blocks * pieces), blocks * copies)
 
 
 def _attention_operand_chains(g: Graph, t: Target) -> set[int]:

@@ -15,6 +15,7 @@ from neuroncc.codegen.kernels.emit import EmitCtx, P, _compute_instr, rect
 from neuroncc.codegen.kernels.engine_balance import EngineBalancer
 from neuroncc.codegen.kernels.row_plan import (
     COLUMN_CHUNK_BYTES,
+    ELEMENTWISE,
     REDUCE_OPS,
     RowPlan,
     assign_slots,
@@ -28,7 +29,6 @@ from neuroncc.ir.graph import Node, Value
 from neuroncc.ir.ops import Kind, Op
 from neuroncc.ir.types import DType
 
-_ELEMENTWISE = (Kind.UNARY, Kind.BINARY, Kind.COMPARE, Kind.SELECT, Kind.CAST)
 PAIRED_ROW_BYTES = 4096  # row kernels issue two steps at a time up to this row size
 GEN_COLS = 128  # generated tiles are this wide at most (one key tile), and kept for reuse
 GEN_CACHED = 4
@@ -379,7 +379,7 @@ def _widening_casts(
         and n.inputs[0].type.dtype in (DType.BF16, DType.F16)
         and p.kind.get(n.out.id) == p.kind.get(n.inputs[0].id) == "full"
         and n.out.id not in roots
-        and all(u.op.info.kind in _ELEMENTWISE or u.op in REDUCE_OPS for u in users[n.out.id])
+        and all(u.op.info.kind in ELEMENTWISE or u.op in REDUCE_OPS for u in users[n.out.id])
     }
 
 
@@ -612,9 +612,8 @@ def _tile_ops(k: RowKernel, r0: int, rp: int, c0: int, f: int, tiles: dict, pass
             tiles[n.out.id] = tile_of(k.widened[n.out.id])
             continue
         if n.op.info.kind is Kind.CAST and n.inputs[0].id in k.narrowed:
-            tiles[n.out.id] = tiles[
-                n.inputs[0].id
-            ]  # its producer wrote it (Note [narrowing casts])
+            # its producer wrote it (Note [narrowing casts])
+            tiles[n.out.id] = tiles[n.inputs[0].id]
             if n.out.id in escaping_ids:
                 store(n.out, tiles[n.out.id])
             continue

@@ -142,12 +142,19 @@ def matmul_blockings(
     return blockings(m, k, nn, dtypes, t, (not a_transposed, b_transposed), reserve)
 
 
-def blocked_ns(u: Node, blocking: Blocking, t: Target, a_folded: bool, w_folded: bool) -> float:
-    """emit_matmul's blocked schedule for u as the busier of TensorE's products and the DMA
-    queues: A loaded once (rows in chunks, or A^T's rows where it is folded), B once per M
-    block in rows of a step's width (W's rows of one K tile where B = W^T is made on chip),
-    the result stored once in rows of 512. (TensorE's transposes and the copies out of PSUM
-    are left out: the same for every blocking of A, W's once per M block.)"""
+def blocked_ns(
+    u: Node,
+    blocking: Blocking,
+    t: Target,
+    a_folded: bool,
+    w_folded: bool,
+    pe_extra: float = 0.0,
+) -> float:
+    """emit_matmul's blocked schedule for u as the busier of TensorE's products (plus
+    `pe_extra`) and the DMA queues: A loaded once (rows in chunks, or A^T's rows where it is
+    folded), B once per M block in rows of a step's width (W's rows of one K tile where B = W^T
+    is made on chip), the result stored once in rows of 512. (TensorE's transposes and the
+    copies out of PSUM are left out unless given: the same for every blocking of A.)"""
     a, b, o = (v.type for v in (*u.inputs, u.out))
     *batch, m, k = a.shape
     nn, mats, q = b.shape[-1], math.prod(batch), t.dma_queues
@@ -157,7 +164,7 @@ def blocked_ns(u: Node, blocking: Blocking, t: Target, a_folded: bool, w_folded:
     moves = costs.dma_ns(a.nbytes, a_run * a.dtype.itemsize, t, q)
     moves += blocks * costs.dma_ns(k * nn * b.dtype.itemsize, b_run * b.dtype.itemsize, t, q)
     moves += costs.dma_ns(o.nbytes, min(nn, t.pe_moving_fmax) * o.dtype.itemsize, t, q)
-    return max(pe_matmul_ns(u, t), moves)
+    return max(pe_matmul_ns(u, t) + pe_extra, moves)
 
 
 def _accumulator_banks(t: Target, transposes: bool) -> int:

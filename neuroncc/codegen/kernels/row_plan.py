@@ -36,7 +36,7 @@ from neuroncc.codegen.kernels.emit import row_view
 from neuroncc.ir.graph import Node, Value
 from neuroncc.ir.ops import Kind, Op
 
-_ELEMENTWISE = (Kind.UNARY, Kind.BINARY, Kind.COMPARE, Kind.SELECT, Kind.CAST)
+ELEMENTWISE = (Kind.UNARY, Kind.BINARY, Kind.COMPARE, Kind.SELECT, Kind.CAST)
 REDUCE_OPS = {Op.REDUCE_SUM: "sum", Op.REDUCE_MAX: "max", Op.REDUCE_MIN: "min"}
 _BROADCAST_READERS = (Kind.BINARY, Kind.COMPARE, Kind.SELECT)
 _COL_OPS = (Kind.UNARY, Kind.CAST)  # what a kernel may compute on col values
@@ -92,7 +92,7 @@ def _signature(n: Node) -> tuple[tuple[int, ...], int] | None:
 
 
 def fusible(n: Node) -> bool:
-    return n.op.info.kind in _ELEMENTWISE or n.op in REDUCE_OPS or n.op in _LAYOUT_FREE
+    return n.op.info.kind in ELEMENTWISE or n.op in REDUCE_OPS or n.op in _LAYOUT_FREE
 
 
 # Inside a group these move no data: a reshape between shapes of the same class is the same
@@ -242,7 +242,7 @@ def in_place_results(nodes: Sequence[Node], p: RowPlan) -> dict[int, int]:
     last = _last_uses(nodes)
     taken: dict[int, int] = {}
     for i, n in enumerate(nodes):
-        if n.op.info.kind not in _ELEMENTWISE or p.kind.get(n.out.id) != "full":
+        if n.op.info.kind not in ELEMENTWISE or p.kind.get(n.out.id) != "full":
             continue
         for v in n.inputs:
             same_size = v.type.dtype.itemsize == n.out.type.dtype.itemsize
