@@ -422,18 +422,33 @@ def lower_constant_pad(ctx: LowerCtx, x: Value, pad, value=0) -> Value:
 def lower_slice_scatter(
     ctx: LowerCtx, x: Value, src: Value, dim: int = 0, start=None, end=None, step: int = 1
 ) -> Value:
-    """x with x[start:end] along dim replaced by src (step 1): a concat of the three pieces."""
-    if step != 1:
-        raise ctx.unsupported("slice_scatter with a step other than 1")
+    """x with x[start:end:step] along dim replaced by src: a concat of the piece before, the
+    replaced stretch and the piece after. With a step, the stretch is seen as [n, step] along
+    dim (padded to whole groups): the first of each group is src's, the rest x's."""
     dim = norm_dim(dim, x.type.rank)
-    size = x.type.shape[dim]
-    r = range(size)[slice(start, end, 1)]
-    lo, hi = r.start, r.start + len(r)
+    shape, size = list(x.type.shape), x.type.shape[dim]
+    r = range(size)[slice(start, end, step)]
+    n, lo = len(r), r.start
+    if n == 0:
+        return x
+    src = ctx.cast(src, x.type.dtype)
+    hi = min(size, lo + n * step)
+    if step > 1:
+        stretch = slice_axis(ctx, x, dim, lo, hi, 1)
+        if hi - lo < n * step:  # the last group, cut short by the end of the axis
+            pad = ctx.full(0, shape[:dim] + [lo + n * step - hi] + shape[dim + 1 :], x.type.dtype)
+            stretch = ctx.concat([stretch, pad], axis=dim)
+        groups = ctx.reshape(stretch, shape[:dim] + [n, step] + shape[dim + 1 :])
+        firsts = ctx.reshape(src, shape[:dim] + [n, 1] + shape[dim + 1 :])
+        rest = slice_axis(ctx, groups, dim + 1, 1, step, 1)
+        merged = ctx.concat([firsts, rest], axis=dim + 1)
+        src = ctx.reshape(merged, shape[:dim] + [n * step] + shape[dim + 1 :])
+        src = slice_axis(ctx, src, dim, 0, hi - lo, 1)
     parts = [
         p
         for p in (
             slice_axis(ctx, x, dim, 0, lo, 1),
-            ctx.cast(src, x.type.dtype),
+            src,
             slice_axis(ctx, x, dim, hi, size, 1),
         )
         if p.type.shape[dim]

@@ -283,6 +283,17 @@ CASES = {
         [f32(3, 5), f32(3, 2)],
         True,
     ),
+    # With a step (Mamba's backward): groups cut short at the end, the first axis, a negative
+    # start.
+    "slice_scatter_step": (
+        lambda x, s, t: (
+            torch.slice_scatter(x, s, 1, 1, None, 3),
+            torch.slice_scatter(x, t, 0, -4, None, 2),
+            torch.slice_scatter(x, s, 1, 0, 7, 3),
+        ),
+        [f32(4, 8, 2), f32(4, 3, 2), f32(2, 8, 2)],
+        True,
+    ),
     "more_unary": (
         lambda x: (
             x.log1p(),

@@ -1,0 +1,47 @@
+"""State-space models from small random configs (transformers' reference PyTorch paths: no
+mamba_ssm kernels): a training step compiles whole (fallback off) and gives eager's loss and
+gradients. Mamba's backward writes every step-th element of a slice (slice_scatter with a
+step), which fell back before."""
+
+import pytest
+import torch
+import transformers
+
+import neuroncc
+
+
+def _mamba(kind: str):
+    torch.manual_seed(0)
+    if kind == "mamba":
+        cfg = transformers.MambaConfig(
+            vocab_size=128, hidden_size=32, state_size=8, num_hidden_layers=2, time_step_rank=4
+        )
+        return transformers.MambaForCausalLM(cfg)
+    cfg = transformers.Mamba2Config(
+        vocab_size=128,
+        hidden_size=64,
+        state_size=16,
+        num_hidden_layers=2,
+        n_groups=1,
+        num_heads=8,
+        head_dim=16,
+        chunk_size=8,
+    )
+    return transformers.Mamba2ForCausalLM(cfg)
+
+
+@pytest.mark.parametrize("kind", ["mamba", "mamba2"])
+def test_training_step_compiles_whole_and_matches_eager(fresh, kind):
+    model = _mamba(kind)
+    ids = torch.randint(1, 128, (1, 12), generator=torch.Generator().manual_seed(1))
+    compiled = torch.compile(model, backend="neuron", options={"fallback": False})
+    got = compiled(input_ids=ids, labels=ids, use_cache=False).loss
+    got.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    want = model(input_ids=ids, labels=ids, use_cache=False).loss
+    want.backward()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-5, msg=name)
+    assert neuroncc.stats()["fallback_nodes"] == {}
