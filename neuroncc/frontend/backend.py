@@ -29,6 +29,7 @@ from neuroncc.frontend.compile import (
     graph_key,
     stage_snapshots,
 )
+from neuroncc.frontend.decomp_grouped_mm import add_library_ops
 from neuroncc.frontend.decompositions import DECOMPOSITIONS
 from neuroncc.frontend.dump import dump_graph, write_run_summary_at_exit
 from neuroncc.frontend.fx_import import ImportedGraph, import_fx
@@ -406,6 +407,7 @@ def _aot(
         )
         for kind in ("forward", "backward", "inference")
     }
+    add_library_ops(DECOMPOSITIONS)
     backend = aot_autograd(
         fw_compiler=compilers["forward"],
         bw_compiler=compilers["backward"],

@@ -22,15 +22,9 @@ ARCHS = [
     "gpt2",
     "gpt_neox",
     "opt",
-    # Mixtral's experts run through transformers' grouped_mm custom op, which neuroncc has no
-    # lowering for yet (issue 23): those two ops run eagerly, the rest compiles.
-    pytest.param(
-        "mixtral",
-        marks=pytest.mark.expect_fallback(
-            "transformers.grouped_mm_fallback.default",
-            "transformers.grouped_mm_fallback_backward.default",
-        ),
-    ),
+    # Mixtral's experts run through transformers' grouped_mm custom op: a dense product over the
+    # experts (frontend/decomp_grouped_mm.py).
+    "mixtral",
 ]
 SMALL = {
     "num_hidden_layers": 2,
