@@ -440,9 +440,14 @@ def neuron_backend(
             f"neuroncc ignores torch.compile mode={mode!r} (it has one mode)", stacklevel=2
         )
     if opts.timing_only:
+        on_meta = any(isinstance(x, torch.Tensor) and x.is_meta for x in example_inputs)
         warnings.warn(
             "neuroncc timing_only: compiled programs are timed, not simulated; "
-            "outputs come from PyTorch eager",
+            + (
+                "inputs on the meta device: nothing is computed"
+                if on_meta
+                else "outputs come from PyTorch eager"
+            ),
             stacklevel=2,
         )
     if opts.dump_dir:

@@ -71,3 +71,25 @@ def test_timing_only_times_the_same_programs_without_simulating(fresh, monkeypat
     assert s["device_seconds"] == pytest.approx(want)
     with torch.no_grad():  # the ATen graph's kernels, not the module's: equal to rounding
         torch.testing.assert_close(eager_loss, model(idx, targets)[1], rtol=1e-6, atol=0)
+
+
+def test_timing_only_on_meta_tensors_computes_nothing(fresh, monkeypatch):
+    """A model and inputs on the meta device: the same programs are timed (equal to a run on
+    real tensors), nothing runs on the host or the simulator, and the warning says so."""
+    model, (idx, targets) = _model_and_batch()
+    timed = torch.compile(model, backend="neuron", options={"timing_only": True})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        timed(idx, targets)
+    want = neuroncc.stats()["device_seconds"]
+    neuroncc.reset_stats()
+    torch._dynamo.reset()
+    monkeypatch.setattr(simulator, "run", lambda *a, **k: pytest.fail("simulated"))
+    meta = model.to("meta")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = torch.compile(meta, backend="neuron", options={"timing_only": True})
+        logits, loss = compiled(idx.to("meta"), targets.to("meta"))
+    assert any("meta device: nothing is computed" in str(w.message) for w in caught)
+    assert logits.is_meta and loss.is_meta
+    assert neuroncc.stats()["device_seconds"] == pytest.approx(want)
