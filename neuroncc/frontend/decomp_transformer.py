@@ -20,16 +20,21 @@ aten = torch.ops.aten
 
 def _masked_softmax(scores, mask, mask_type):
     """softmax over the last axis with `mask` True where a key is left out (the fast path's
-    convention), broadcast by mask_type: 0 a [L, S] mask, 1 a [B, S] key-padding mask, 2 (or
-    none given) a mask broadcastable to [B, H, L, S]. A row with every key left out is 0."""
+    convention; a float mask is added), broadcast by mask_type: 0 a [L, S] mask, 1 a [B, S]
+    key-padding mask, 2 (or none given) a mask broadcastable to [B, H, L, S]. A row with
+    every key left out is 0."""
     if mask is None:
         return torch.softmax(scores, -1)
-    mask = mask.bool()
     if mask.dim() == 2 and mask_type == 1:
         mask = mask[:, None, None, :]
     elif mask.dim() == 2:
         mask = mask[None, None]
-    probs = torch.softmax(scores.masked_fill(mask, float("-inf")), -1)
+    if mask.is_floating_point():
+        scores = scores + mask
+        mask = scores == float("-inf")
+    else:
+        scores = scores.masked_fill(mask, float("-inf"))
+    probs = torch.softmax(scores, -1)
     return torch.where(mask.all(-1, keepdim=True), 0.0, probs).to(scores.dtype)
 
 

@@ -52,18 +52,27 @@ def test_a_stack_of_layers(fresh):
 
 
 @pytest.mark.parametrize(
-    ("need_weights", "average", "mask_type"),
-    [(False, True, None), (True, True, 0), (True, False, 1), (True, True, 2)],
+    ("need_weights", "average", "mask_type", "additive"),
+    [
+        (False, True, None, False),
+        (True, True, 0, False),
+        (True, False, 1, False),
+        (True, True, 2, False),
+        (True, True, 0, True),
+    ],
 )
-def test_native_multi_head_attention(fresh, need_weights, average, mask_type):
+def test_native_multi_head_attention(fresh, need_weights, average, mask_type, additive):
     """The op nn.MultiheadAttention's fast path calls (Dynamo traces the module's Python path,
     so the op is called here as the module calls it): self- and cross-attention, each mask
-    type, the weights averaged over heads or per head."""
+    type (boolean, or a float mask added to the scores), the weights averaged over heads or
+    per head."""
     torch.manual_seed(0)
     mha = torch.nn.MultiheadAttention(48, 6, batch_first=True).eval()
     x, memory = torch.randn(2, 7, 48), torch.randn(2, 7, 48)  # (the op: same shapes)
     shapes = {None: None, 0: (7, 7), 1: (2, 7), 2: (2, 6, 7, 7)}
     mask = None if mask_type is None else torch.rand(shapes[mask_type]) < 0.3
+    if additive:  # a float mask is added to the scores
+        mask = torch.zeros(mask.shape).masked_fill(mask, float("-inf"))
     weights = (mha.in_proj_weight, mha.in_proj_bias, mha.out_proj.weight, mha.out_proj.bias)
 
     def attend(q, kv, mask):
