@@ -59,22 +59,6 @@ class Blocking:
     tn: int  # 512-column tiles of N per step
 
 
-def choose_blocking(
-    m: int,
-    k: int,
-    n: int,
-    dtypes: tuple[DType, DType],
-    t: Target,
-    on_chip: tuple[bool, bool],
-    reserve: int = 0,
-) -> Blocking | None:
-    """The largest blocks that fit (Note [matmul blocking]), or None where even one M tile of
-    A^T does not. `dtypes`: the operands' and the result's; `on_chip`: whether A, and W for
-    B = W^T, are transposed on chip; `reserve`: SBUF bytes per partition an epilogue needs
-    beside the blocks."""
-    return next(iter(blockings(m, k, n, dtypes, t, on_chip, reserve)), None)
-
-
 def blockings(
     m: int,
     k: int,
@@ -84,8 +68,11 @@ def blockings(
     on_chip: tuple[bool, bool],
     reserve: int = 0,
 ) -> list[Blocking]:
-    """Every blocking that fits, TM from the largest down, each with as many N tiles as the
-    PSUM banks left hold (choose_blocking's arguments)."""
+    """Every blocking that fits (Note [matmul blocking]), TM from the largest down, each with
+    as many N tiles as the PSUM banks left hold; none where even one M tile of A^T does not.
+    `dtypes`: the operands' and the result's; `on_chip`: whether A, and W for B = W^T, are
+    transposed on chip; `reserve`: SBUF bytes per partition an epilogue needs beside the
+    blocks."""
     dt = dtypes[0]
     banks = _accumulator_banks(t, any(on_chip))
     m_tiles, n_tiles = math.ceil(m / P), math.ceil(n / t.pe_moving_fmax)
@@ -122,7 +109,7 @@ def _sbuf_bytes(
 def largest_blocking(
     n: Node, epilogue: Sequence[Node], a_transposed: bool, t: Target, b_transposed: bool = False
 ) -> Blocking | None:
-    """choose_blocking for the matmul n with its fused `epilogue`; `a_transposed`: A^T is in
+    """The largest blocking for the matmul n with its fused `epilogue`; `a_transposed`: A^T is in
     HBM already (a folded transpose), so no PSUM bank goes to transposing A, unless
     `b_transposed`: B is W^T with W in HBM, transposed on chip as it is loaded."""
     return next(iter(matmul_blockings(n, epilogue, a_transposed, t, b_transposed)), None)
