@@ -50,6 +50,20 @@ def small_model(arch: str):
     return transformers.AutoModelForCausalLM.from_config(cfg)
 
 
+def assert_training_step_matches_eager(model, ids, got):
+    """`got`, the compiled model's loss on `ids` (labels = ids, no cache): its backward, then
+    the loss and every gradient against eager's, with nothing run eagerly."""
+    got.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    want = model(input_ids=ids, labels=ids, use_cache=False).loss
+    want.backward()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-5, msg=name)
+    assert neuroncc.stats()["fallback_nodes"] == {}
+
+
 def neuron_compile_config():
     """The supported way to make `generate` compile on a CPU host (transformers 5.24 compiles
     by itself only on cuda/xpu/neuron/tpu devices): an explicit CompileConfig with
