@@ -29,6 +29,7 @@ from neuroncc.frontend.compile import (
     graph_key,
     stage_snapshots,
 )
+from neuroncc.frontend.complex_pairs import to_pairs
 from neuroncc.frontend.decomp_grouped_mm import add_library_ops
 from neuroncc.frontend.decompositions import DECOMPOSITIONS
 from neuroncc.frontend.dump import dump_graph, write_run_summary_at_exit
@@ -254,7 +255,34 @@ def compile_aten_graph(
     """The AOTAutograd compiler: the whole graph compiled, or compiled regions around the nodes
     neuroncc declines (which then run eagerly, see partition.py). An inference graph's
     parameters and buffers (`static`, else as AOTAutograd marked them) may be laid out once
-    (Note [weight layout])."""
+    (Note [weight layout]). Complex values become pairs of reals first (Note [complex as
+    pairs])."""
+    if static is None and inference:
+        static = _static_inputs()
+    try:
+        gm, boundary = to_pairs(gm)
+    except Exception as e:  # noqa: BLE001  (a rewrite rule broke: Note [internal errors])
+        how = {"kind": "aten", "inference": inference, "static": static}
+        err = internal_error(e, stage="complex-pairs")
+        err = failures.with_fx_dump(err, gm, list(example_inputs), opts, name, **how)
+        if not opts.fallback:
+            raise err from None
+        failures.report(err, name)
+        return make_boxed_func(lambda *args: _as_list(gm(*args)))
+    if boundary is None:
+        return _compile_real_graph(gm, example_inputs, opts, name, inference, static)
+    example_inputs = boundary.args_as_pairs(example_inputs)
+    return boundary.wrap(_compile_real_graph(gm, example_inputs, opts, name, inference, static))
+
+
+def _compile_real_graph(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    opts: CompileOptions,
+    name: str,
+    inference: bool,
+    static: frozenset[int] | None,
+):
     try:
         declined = find_declined(gm)
     except NeuronccInternalError as e:  # a lowering rule broke on a node: Note [internal errors]
@@ -267,8 +295,6 @@ def compile_aten_graph(
     if not declined:
         if not inference:
             static = frozenset()
-        elif static is None:
-            static = _static_inputs()
         return make_boxed_func(_compile_or_eager(gm, opts, name, static))
     if not opts.fallback:
         ops = sorted({str(n.target) for n in declined if n.target is not operator.getitem})

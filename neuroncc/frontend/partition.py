@@ -19,6 +19,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from neuroncc.errors import UnsupportedError
+from neuroncc.frontend.complex_pairs import COMPLEX_VIEW
 from neuroncc.frontend.fx_import import lower_call
 from neuroncc.frontend.registry import LOWERINGS, LowerCtx, fake_type
 from neuroncc.ir.graph import GraphBuilder
@@ -29,6 +30,11 @@ def declined_reason(node: torch.fx.Node) -> str | None:
     """Why neuroncc cannot compile this call_function node, or None if it can."""
     if node.target is operator.getitem:
         return None
+    if COMPLEX_VIEW in node.meta:
+        return (
+            f"a view of complex values for {node.meta[COMPLEX_VIEW]}, which has no rule for "
+            "complex operands and runs eagerly (Note [complex as pairs])"
+        )
     if node.target not in LOWERINGS:
         return f"no lowering for op {node.target}"
     b = GraphBuilder("probe")

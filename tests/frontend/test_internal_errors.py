@@ -12,7 +12,7 @@ import torch
 
 import neuroncc
 from neuroncc.errors import NeuronccInternalError, OptionsError
-from neuroncc.frontend import decompositions, dump_cli, registry
+from neuroncc.frontend import complex_pairs, decompositions, dump_cli, registry
 from neuroncc.options import CompileOptions
 from neuroncc.passes.layout import Layout
 from neuroncc.runtime import simulator
@@ -163,3 +163,15 @@ def test_environment_values_are_parsed_and_explicit_options_win():
         {"target": "trn1"}, {"NEURONCC_TARGET": "trn9", "NEURONCC_DISK_CACHE": "off"}
     )
     assert (opts.target, opts.disk_cache) == ("trn1", False)
+
+
+def test_a_broken_complex_rule_is_an_internal_error(fresh, failures, monkeypatch):
+    """The rewrite of complex values into pairs (Note [complex as pairs]) fails as loudly as a
+    pass, with its stage named."""
+    monkeypatch.setitem(complex_pairs.RULES, torch.ops.aten.mul.Tensor, _break)
+    f = torch.compile(lambda a: a * a, backend="neuron", options={"fallback": False})
+    with pytest.raises(Exception) as excinfo:
+        f(torch.randn(3, dtype=torch.complex64))
+    e = _internal(excinfo)
+    assert e.stage == "complex-pairs" and "injected bug" in str(e)
+    assert e.repro  # the ATen graph is written, to replay
