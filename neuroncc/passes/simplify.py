@@ -5,13 +5,24 @@ that replaces the node, or None. `simplify_rules` lists them. A node a rule crea
 the rules again (`_Emitter.add`), so every node reaches a fixed point.
 
 Invariant established: no identity reshape/transpose/broadcast/cast/slice, no chains of
-reshapes or transposes, no transpose that only moves unit axes (a reshape), no reshape/broadcast/transpose of a constant, no two nodes computing
-the same op on the same inputs, no dead nodes. Plus two algebraic rules for patterns the SDPA
-decomposition makes (`_any_not_neg_inf`, `_scale_after_matmul`), column sums as matmuls
-(`_column_sum`), squares as products (`_square`), two for the causal mask (`_logical_unit`,
-`_compare_difference`), unit dims dropped before a transpose rather than after it
-(`_unit_dims_first`), and a product read in slices along its last axis split into a matmul per
+reshapes or transposes, no transpose that only moves unit axes (a reshape), no
+reshape/broadcast/transpose of a constant, no two nodes computing the same op on the same inputs
+(but constants: Note [constants per reader]), no dead nodes. Plus two algebraic rules for
+patterns the SDPA decomposition makes (`_any_not_neg_inf`, `_scale_after_matmul`), column sums
+as matmuls (`_column_sum`), squares as products (`_square`), two for the causal mask
+(`_logical_unit`, `_compare_difference`), unit dims dropped before a transpose rather than after
+it (`_unit_dims_first`), and a product read in slices along its last axis split into a matmul per
 slice (`_slice_of_matmul`, `_slice_of_transpose`).
+
+Note [constants per reader]: a value computed from no graph input (a full, an iota, a mask made
+from them) is not merged with an equal one by CSE. Each copy is then made by the kernel that
+reads it, where it costs a few instructions on chip (or nothing: a mask the attention kernel
+generates, Note [generated masks]). Merged, one kernel made it and stored it to HBM and every
+other reader loaded it back: each layer's SDPA turns the model's one causal mask into a
+[heads, seq, seq] float mask, so with CSE every layer after the first read 4 * heads * seq^2
+bytes of mask (512 MiB a layer for 32 heads at 2048 tokens), and its attention kernel, reading
+a stored mask, was not the first layer's, so it was not reused either. Constants the source
+graph computes once (the bool mask itself) stay one node.
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ class _Emitter:
         self.next_id = 1 + max([v.id for v in g.inputs] + [n.out.id for n in g.nodes], default=-1)
         self.producers: dict[int, Node] = {}
         self.cse: dict[tuple, Value] = {}
+        self.constant: set[int] = set()  # values computed from no graph input
         self.sliced_products = sliced_products(g)
 
     def add(self, op: Op, inputs: tuple[Value, ...], attrs: dict) -> Value:
@@ -55,12 +67,18 @@ class _Emitter:
         return self.place(n)
 
     def place(self, n: Node) -> Value:
+        """Append n, or return the node computing the same before it (CSE); a constant is
+        never merged (Note [constants per reader])."""
+        constant = all(v.id in self.constant for v in n.inputs)
         key = (n.op, tuple(v.id for v in n.inputs), n.attrs)
-        if key in self.cse:
+        if not constant and key in self.cse:
             return self.cse[key]
         self.nodes.append(n)
         self.producers[n.out.id] = n
-        self.cse[key] = n.out
+        if constant:
+            self.constant.add(n.out.id)
+        else:
+            self.cse[key] = n.out
         return n.out
 
 

@@ -295,3 +295,28 @@ def test_head_pairs_read_side_by_side_heads_in_one_dma(fresh):
         if isinstance(i, isa.Dma) and isinstance(i.src, isa.DramRef)
     ]
     assert ((3 * 128, 128), (1, 128)) in loads  # q (and k): rows 384 apart, 128 wide
+
+
+def test_layers_sharing_a_mask_each_make_their_own(fresh):
+    """A causal mask built once and read by every layer's SDPA (as Hugging Face models do):
+    each SDPA's additive mask, where(mask, 0, -inf), is a constant of its own layer's
+    attention kernel (Note [constants per reader]). Merged by CSE, the first kernel stored
+    it to HBM for the others to read: [heads, seq, seq] floats per later layer."""
+    q, k, v = _qkv(1, 4, 256, 256, 32)
+
+    def layers(n):
+        def fn(q, k, v):
+            idx = torch.arange(q.shape[-2])
+            mask = idx[:, None] >= idx[None, :]
+            for _ in range(n):
+                q = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            return q
+
+        return fn
+
+    hbm = {}
+    for n in (1, 3):
+        names = _compile_and_check(layers(n), [q, k, v])
+        assert sum(x.startswith("attention.") for x in names) == n, names
+        hbm[n] = neuroncc.stats()["hbm_bytes"]
+    assert hbm[3] <= 3 * hbm[1], hbm
