@@ -13,6 +13,7 @@ from neuroncc.codegen.kernels.attention_planner import (
     attention_plans,
     with_key_facts,
 )
+from neuroncc.codegen.kernels.dead_keys import Memo as KeyFactsMemo
 from neuroncc.codegen.kernels.emit import EMITTERS, EmitCtx
 from neuroncc.codegen.kernels.emit_attention import emit_attention
 from neuroncc.codegen.kernels.emit_attention_backward import emit_attention_backward
@@ -65,7 +66,7 @@ def _emit(
     nodes = list(g.nodes)
     start = {ids[0]: ids for ids in g.kernels}
     attention: dict[int, AttentionPlan] = {}
-    analysed: dict = {}  # the dead-key facts of row groups, layer to layer (dead_keys.analyse)
+    analysed = KeyFactsMemo(g.producers())  # row groups' dead-key facts, layer to layer
     for first, ap in attention_plans(g, target).items():
         if ap is None:
             raise CodegenError("the fuse pass formed an attention group codegen rejects")

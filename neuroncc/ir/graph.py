@@ -188,3 +188,29 @@ def with_choices(g: Graph, key: str, made: Mapping[int, AttrValue]) -> Graph:
 def rebuild(g: Graph, nodes: Iterable[Node], outputs: Sequence[Value]) -> Graph:
     """A graph with g's name and inputs and the given nodes and outputs (used by passes)."""
     return Graph(g.name, g.inputs, tuple(nodes), tuple(outputs))
+
+
+def constant_form(v: Value, producers: Mapping[int, Node], memo: dict[int, tuple | None]):
+    """The whole computation of a value made from no graph input (a mask, a position table),
+    as ops, attributes and types: equal for equal constants whatever their ids; None for any
+    other value. `memo` (one per graph) keeps the forms met on the way."""
+    stack = [v]  # post-order without recursion: producer chains run the model's whole depth
+    while stack:
+        x = stack[-1]
+        if x.id in memo:
+            stack.pop()
+            continue
+        producer = producers.get(x.id)
+        if producer is None:  # a graph input
+            memo[x.id] = None
+            stack.pop()
+            continue
+        todo = [i for i in producer.inputs if i.id not in memo]
+        if todo:
+            stack.extend(todo)
+            continue
+        inputs = tuple(memo[i.id] for i in producer.inputs)
+        const = all(f is not None for f in inputs)
+        memo[x.id] = (producer.op.value, producer.attrs, x.type, inputs) if const else None
+        stack.pop()
+    return memo[v.id]

@@ -13,6 +13,7 @@ import neuroncc
 from neuroncc.codegen.hardware import isa
 from neuroncc.codegen.hardware.targets import TRN1, TRN2
 from neuroncc.codegen.kernels.attention_planner import attention_plans, loads_ahead, with_key_facts
+from neuroncc.codegen.kernels.dead_keys import Memo as KeyFactsMemo
 from neuroncc.codegen.lower import emit_graph
 from neuroncc.ir import parse, print_graph
 from neuroncc.passes.fuse import Fuse
@@ -297,11 +298,12 @@ def test_head_pairs_read_side_by_side_heads_in_one_dma(fresh):
     assert ((3 * 128, 128), (1, 128)) in loads  # q (and k): rows 384 apart, 128 wide
 
 
-def test_layers_sharing_a_mask_each_make_their_own(fresh):
+def test_layers_sharing_a_mask_each_make_their_own(fresh, tmp_path):
     """A causal mask built once and read by every layer's SDPA (as Hugging Face models do):
     each SDPA's additive mask, where(mask, 0, -inf), is a constant of its own layer's
     attention kernel (Note [constants per reader]). Merged by CSE, the first kernel stored
-    it to HBM for the others to read: [heads, seq, seq] floats per later layer."""
+    it to HBM for the others to read: [heads, seq, seq] floats per later layer. The layers'
+    row groups, on equal constants, are analysed once (dead_keys.Memo)."""
     q, k, v = _qkv(1, 4, 256, 256, 32)
 
     def layers(n):
@@ -316,7 +318,15 @@ def test_layers_sharing_a_mask_each_make_their_own(fresh):
 
     hbm = {}
     for n in (1, 3):
-        names = _compile_and_check(layers(n), [q, k, v])
+        dump = tmp_path / str(n)
+        names = _compile_and_check(layers(n), [q, k, v], dump_dir=str(dump))
         assert sum(x.startswith("attention.") for x in names) == n, names
         hbm[n] = neuroncc.stats()["hbm_bytes"]
     assert hbm[3] <= 3 * hbm[1], hbm
+    g = parse((tmp_path / "3" / "graph1_inference" / "07-plan.txt").read_text())
+    memo = KeyFactsMemo(g.producers())
+    aps = list(attention_plans(g, TRN2).values())
+    shared = [with_key_facts(g, ap, memo) for ap in aps]
+    assert len(shared) == 3 and len(memo.facts) == 1
+    assert shared == [with_key_facts(g, ap) for ap in aps]
+    assert all(ap.live is not None for ap in shared)  # causal: each skips its dead keys

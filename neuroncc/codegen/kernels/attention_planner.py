@@ -304,7 +304,9 @@ def query_blocks(ap: AttentionPlan) -> list[Block]:
     ]
 
 
-def with_key_facts(g: Graph, ap: AttentionPlan, memo: dict | None = None) -> AttentionPlan:
+def with_key_facts(
+    g: Graph, ap: AttentionPlan, memo: dead_keys.Memo | None = None
+) -> AttentionPlan:
     """ap refined by what the row group proves (Note [dead keys]): the keys each query block
     must compute, where no full row of the group is read outside the kernel (P included);
     selects whose condition is known, taken as the branch they pick; and, where P is then

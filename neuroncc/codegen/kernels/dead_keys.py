@@ -42,12 +42,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from neuroncc.ir import numerics
-from neuroncc.ir.graph import Graph, Node, Value
+from neuroncc.ir.graph import Graph, Node, Value, constant_form
 from neuroncc.ir.interpret import evaluate_node
 from neuroncc.ir.ops import Kind, Op
 from neuroncc.ir.types import DType
@@ -302,6 +302,16 @@ class KeyFacts:
     affine: dict[int, tuple[int, int, int]]
 
 
+@dataclass
+class Memo:
+    """What `analyse` keeps from one row group to the next of a graph: the facts of each row
+    group met, by its description, and the graph's producers and constant forms."""
+
+    producers: dict[int, Node]
+    facts: dict = field(default_factory=dict)
+    forms: dict[int, tuple | None] = field(default_factory=dict)  # (graph.constant_form)
+
+
 def analyse(
     g: Graph,
     rows: Sequence[Node],
@@ -311,23 +321,33 @@ def analyse(
     m: int,
     n: int,
     tile: int,
-    memo: dict | None = None,
+    memo: Memo | None = None,
 ) -> KeyFacts:
     """For each query block (batch, first row, rows), how many leading keys the attention
     kernel must compute (a multiple of `tile`, at least one tile; None if every block needs
-    all n), and the selects the row group need not compute. `rows` is the row group on [batch x m, n] rows, `given` the scores' ids as it reads
-    them, `p_id` P. With a `memo` (one per graph), a row group like one analysed before (the
-    next layer's: same ops on the same constants) takes its facts, renamed."""
+    all n), and the selects the row group need not compute. `rows` is the row group on
+    [batch x m, n] rows, `given` the scores' ids as it reads them, `p_id` P. With a `memo`
+    (one per graph), a row group like one analysed before (the next layer's: same ops on the
+    same values from outside, or on equal constants: each layer makes its own additive mask,
+    Note [constants per reader]) takes its facts, renamed."""
     if memo is None:
         return _analyse(g, rows, given, p_id, blocks, m, n, tile)
     ref = {x.out.id: ("row", i) for i, x in enumerate(rows)}
     ref |= {vid: ("given", i) for i, vid in enumerate(given)}
+    forms = []
+    for x in rows:
+        for v in x.inputs:
+            form = None if v.id in ref else constant_form(v, memo.producers, memo.forms)
+            if form is not None:
+                ref[v.id] = ("constant", len(forms))
+                forms.append(form)
 
     def canon(vid: int) -> tuple:
         return ref.get(vid, ("value", vid))  # (a value outside: the same value, layer to layer)
 
     key = (
         tuple((x.op, x.attrs, x.out.type, tuple(canon(v.id) for v in x.inputs)) for x in rows),
+        tuple(forms),
         canon(p_id),
         len(given),
         tuple(blocks),
@@ -335,9 +355,10 @@ def analyse(
         n,
         tile,
     )
-    facts = memo.get(key)
+    facts = memo.facts.get(key)
     if facts is None:
-        facts = memo[key] = _rename(_analyse(g, rows, given, p_id, blocks, m, n, tile), canon)
+        facts = _rename(_analyse(g, rows, given, p_id, blocks, m, n, tile), canon)
+        memo.facts[key] = facts
     back = {c: vid for vid, c in ref.items()}
     return _rename(facts, lambda c: back.get(c, c[1]) if isinstance(c, tuple) else c)
 

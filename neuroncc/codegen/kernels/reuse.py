@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from neuroncc.codegen.executable.blocks import Footprint
 from neuroncc.codegen.executable.builder import Part
 from neuroncc.codegen.hardware.isa import TileRef
-from neuroncc.ir.graph import Node, Value
+from neuroncc.ir.graph import Node, Value, constant_form
 from neuroncc.runtime.stats import STATS
 
 # The emission context's tables of value facts, read by the emitters (emit.EmitCtx).
@@ -124,31 +124,10 @@ MAX_VALUES = 256  # a key meeting more values is not worth its cost: the kernel 
 
 
 def _constant_form(ctx, v: Value):
-    """The whole computation of a value made from no graph input (a mask, a position table),
-    as ops, attributes and types; None for any other value. Planners read constants through
-    (the dead keys of an attention kernel: Note [dead keys]), so two kernels reading different
-    masks (a sliding window's and a causal one) must not share a key."""
-    memo = ctx.constant_forms
-    stack = [v]  # post-order without recursion: producer chains run the model's whole depth
-    while stack:
-        x = stack[-1]
-        if x.id in memo:
-            stack.pop()
-            continue
-        producer = ctx.producers.get(x.id)
-        if producer is None:  # a graph input
-            memo[x.id] = None
-            stack.pop()
-            continue
-        todo = [i for i in producer.inputs if i.id not in memo]
-        if todo:
-            stack.extend(todo)
-            continue
-        inputs = tuple(memo[i.id] for i in producer.inputs)
-        const = all(f is not None for f in inputs)
-        memo[x.id] = (producer.op.value, producer.attrs, x.type, inputs) if const else None
-        stack.pop()
-    return memo[v.id]
+    """v's computation if it is made from constants only (graph.constant_form). Planners read
+    constants through (the dead keys of an attention kernel: Note [dead keys]), so two kernels
+    reading different masks (a sliding window's and a causal one) must not share a key."""
+    return constant_form(v, ctx.producers, ctx.constant_forms)
 
 
 def _shared_bytes(g, values: list[Value]) -> tuple:
