@@ -11,7 +11,6 @@ a big matrix (a long span) then only meets the records of its own length class n
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -35,23 +34,26 @@ class IntervalIndex(Generic[T]):
         c.los.insert(i, lo)
         c.items.insert(i, (lo, hi, self._seq, item))
 
-    def overlapping(self, lo: int, hi: int) -> Iterator[T]:
+    def overlapping(self, lo: int, hi: int) -> list[T]:
         """Items whose [lo, hi) intersects the query (callers refine with exact checks)."""
+        out: list[T] = []
         for length_class, c in self._classes.items():
-            start = bisect.bisect_left(c.los, lo - (1 << length_class))
-            stop = bisect.bisect_left(c.los, hi)
-            for i in range(start, stop):
-                ilo, ihi, _, item = c.items[i]
-                if ilo < hi and lo < ihi:
-                    yield item
+            los = c.los
+            start = bisect.bisect_left(los, lo - (1 << length_class))
+            stop = bisect.bisect_left(los, hi, start)  # every item from here starts at hi or on
+            if start < stop:
+                out.extend(e[3] for e in c.items[start:stop] if lo < e[1])
+        return out
 
     def remove_where(self, lo: int, hi: int, predicate) -> None:
         """Drop the items inside [lo, hi) for which predicate(item) holds."""
-        for c in self._classes.values():
-            start = bisect.bisect_left(c.los, lo)
-            stop = bisect.bisect_right(c.los, hi)
-            if start == stop:
+        longest = max(hi - lo, 1).bit_length()  # an item inside is no longer than the range
+        for length_class, c in self._classes.items():
+            if length_class > longest:
                 continue
-            keep = [e for e in c.items[start:stop] if not (e[1] <= hi and predicate(e[3]))]
-            c.items[start:stop] = keep
-            c.los[start:stop] = [e[0] for e in keep]
+            los, items = c.los, c.items
+            start = bisect.bisect_left(los, lo)
+            stop = bisect.bisect_right(los, hi, start)
+            drop = [i for i in range(start, stop) if items[i][1] <= hi and predicate(items[i][3])]
+            for i in reversed(drop):  # (most queries drop none or one)
+                del los[i], items[i]
