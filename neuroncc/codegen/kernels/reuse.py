@@ -259,13 +259,15 @@ def _same(a: Template, b: Template, blocks: list | None = None) -> bool:
         return False
     if len(a.parts) != len(b.parts):
         return False
+    alike: set[tuple[int, int]] = set()  # pairs of blocks compared (a loop's calls share blocks)
     for p, q in zip(a.parts, b.parts, strict=True):
         if (p.args, p.offsets, p.queue, p.inner) != (q.args, q.offsets, q.queue, q.inner):
             return False
-        if blocks is None and p.block != q.block:
+        if p.block == q.block or (p.block, q.block) in alike:
+            continue
+        if blocks is None or _unplaced(blocks[p.block]) != _unplaced(blocks[q.block]):
             return False
-        if blocks is not None and _unplaced(blocks[p.block]) != _unplaced(blocks[q.block]):
-            return False
+        alike.add((p.block, q.block))
     return True
 
 
