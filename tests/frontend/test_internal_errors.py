@@ -175,3 +175,26 @@ def test_a_broken_complex_rule_is_an_internal_error(fresh, failures, monkeypatch
     e = _internal(excinfo)
     assert e.stage == "complex-pairs" and "injected bug" in str(e)
     assert e.repro  # the ATen graph is written, to replay
+
+
+def test_the_collector_is_off_while_a_graph_compiles(fresh, failures, monkeypatch):
+    """Note [compiling without the collector]: off inside the pipeline, on again after it,
+    also when the pipeline fails."""
+    import gc
+
+    seen = []
+    run = Layout.run
+
+    def recording(self, g, ctx):
+        seen.append(gc.isenabled())
+        return run(self, g, ctx)
+
+    monkeypatch.setattr(Layout, "run", recording)
+    assert gc.isenabled()
+    torch.compile(_matmul_model, backend="neuron")(torch.randn(8, 8))
+    assert seen == [False] and gc.isenabled()
+    monkeypatch.setattr(Layout, "run", _break)
+    torch._dynamo.reset()
+    with pytest.warns(UserWarning, match="internal compiler error"):
+        torch.compile(_matmul_model, backend="neuron")(torch.randn(4, 4))
+    assert gc.isenabled()
