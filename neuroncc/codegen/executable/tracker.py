@@ -31,10 +31,6 @@ def region(ref: isa.Operand, buffers: dict[str, Buffer]) -> tuple[str, Box]:
     return "hbm", (0, 1, base + lo * size, base + hi * size)
 
 
-def overlaps(a: Box, b: Box) -> bool:
-    return a[0] < b[1] and b[0] < a[1] and a[2] < b[3] and b[2] < a[3]
-
-
 def covers(a: Box, b: Box) -> bool:
     return a[0] <= b[0] and b[1] <= a[1] and a[2] <= b[2] and b[3] <= a[3]
 
@@ -69,9 +65,12 @@ class DepTracker:
         live = self._live.get(mem)
         if live is None:
             return
-        for acc in live.overlapping(box[2], box[3]):
-            if (write or acc.write) and acc.engine != engine and overlaps(box, acc.box):
-                latest[acc.engine] = max(latest.get(acc.engine, -1), acc.instr)
+        p0, p1 = box[0], box[1]
+        for acc in live.overlapping(box[2], box[3]):  # (overlapping in bytes: check partitions)
+            if (write or acc.write) and acc.engine != engine:
+                other = acc.box
+                if p0 < other[1] and other[0] < p1 and latest.get(acc.engine, -1) < acc.instr:
+                    latest[acc.engine] = acc.instr
 
     def record_access(
         self, ins_id: int, engine: str, mem: str, box: Box, write: bool, before: int | None = None
