@@ -66,7 +66,8 @@ def _emit(
     nodes = list(g.nodes)
     start = {ids[0]: ids for ids in g.kernels}
     attention: dict[int, AttentionPlan] = {}
-    analysed = KeyFactsMemo(g.producers())  # row groups' dead-key facts, layer to layer
+    # row groups' dead-key facts, layer to layer; constants known as the kernel keys know them
+    analysed = KeyFactsMemo(ctx.producers, forms=ctx.constant_forms)
     for first, ap in attention_plans(g, target).items():
         if ap is None:
             raise CodegenError("the fuse pass formed an attention group codegen rejects")

@@ -69,16 +69,15 @@ class _Emitter:
     def place(self, n: Node) -> Value:
         """Append n, or return the node computing the same before it (CSE); a constant is
         never merged (Note [constants per reader])."""
-        constant = all(v.id in self.constant for v in n.inputs)
-        key = (n.op, tuple(v.id for v in n.inputs), n.attrs)
-        if not constant and key in self.cse:
-            return self.cse[key]
-        self.nodes.append(n)
-        self.producers[n.out.id] = n
-        if constant:
+        if all(v.id in self.constant for v in n.inputs):
             self.constant.add(n.out.id)
         else:
+            key = (n.op, tuple(v.id for v in n.inputs), n.attrs)
+            if key in self.cse:
+                return self.cse[key]
             self.cse[key] = n.out
+        self.nodes.append(n)
+        self.producers[n.out.id] = n
         return n.out
 
 

@@ -79,7 +79,7 @@ class EmitCtx:
         self.input_index = {v.id: i for i, v in enumerate(graph.inputs)}
         self.choices = dict(graph.choices)
         self.templates: dict = {}  # kernel key -> reuse.Known
-        self.constant_forms: dict[int, tuple | None] = {}  # (reuse._constant_form)
+        self.constant_forms: dict[int, tuple | None] = {}  # (graph.constant_form)
         # What the open kernel's emission did to this context, while reuse records it.
         self.journal: list | None = None
         self.reuse = True  # place a proven template's block instead of emitting (tests: False)

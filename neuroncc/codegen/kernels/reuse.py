@@ -111,7 +111,9 @@ def kernel_key(ctx, nodes: list[Node]) -> tuple[tuple, list[Value]]:
                 tuple((k, x) for k, x in ctx.choices.get(v.id, ()) if k != "hbm"),
                 tuple(_canon(getattr(ctx, f).get(v.id), num, by_id) for f in FACTS),
                 _canon(ctx.loc.get(v.id), num, by_id),
-                None if v.id in group else _constant_form(ctx, v),
+                # planners read constants through (the dead keys of an attention kernel:
+                # Note [dead keys]): kernels reading different masks must not share a key
+                None if v.id in group else constant_form(v, ctx.producers, ctx.constant_forms),
             )
         )
         if len(num.values) > MAX_VALUES:
@@ -121,13 +123,6 @@ def kernel_key(ctx, nodes: list[Node]) -> tuple[tuple, list[Value]]:
 
 
 MAX_VALUES = 256  # a key meeting more values is not worth its cost: the kernel is emitted
-
-
-def _constant_form(ctx, v: Value):
-    """v's computation if it is made from constants only (graph.constant_form). Planners read
-    constants through (the dead keys of an attention kernel: Note [dead keys]), so two kernels
-    reading different masks (a sliding window's and a causal one) must not share a key."""
-    return constant_form(v, ctx.producers, ctx.constant_forms)
 
 
 def _shared_bytes(g, values: list[Value]) -> tuple:
