@@ -25,9 +25,17 @@ ENV_VARS = {
     "disk_cache": "NEURONCC_DISK_CACHE",
     "cache_max_bytes": "NEURONCC_CACHE_MAX_BYTES",
     "timing_only": "NEURONCC_TIMING_ONLY",
+    "check_reuse": "NEURONCC_CHECK_REUSE",
 }
 # Options that change where and whether compiled graphs are kept or shown, never what they are.
-_NOT_IN_KEY = {"dump_dir", "cache_dir", "disk_cache", "cache_max_bytes", "timing_only"}
+_NOT_IN_KEY = {
+    "dump_dir",
+    "cache_dir",
+    "disk_cache",
+    "cache_max_bytes",
+    "timing_only",
+    "check_reuse",
+}
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
@@ -49,6 +57,11 @@ class CompileOptions(BaseModel):
     # Time the compiled programs without simulating them; outputs come from PyTorch eager.
     # For estimating models too big to simulate; every such execution is counted in stats().
     timing_only: bool = False
+    # Check the kernel keys (Note [kernel reuse]): the second kernel of each key is emitted
+    # too and compared with the template the others are placed from; a difference counts in
+    # stats()["kernel_key_mismatches"] and that key is never placed. Slower compiles; what is
+    # compiled is the same. The tests run with it on.
+    check_reuse: bool = False
 
     @field_validator("opt_level", mode="before")
     @classmethod

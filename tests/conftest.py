@@ -23,6 +23,13 @@ def private_disk_cache(tmp_path_factory, monkeypatch):
     return root
 
 
+@pytest.fixture(autouse=True)
+def checked_kernel_keys(monkeypatch):
+    """Every compile checks its kernel keys (option check_reuse): a key's second kernel is
+    emitted and compared with its template (tests/e2e asserts no mismatch)."""
+    monkeypatch.setenv("NEURONCC_CHECK_REUSE", "1")
+
+
 @pytest.fixture
 def fresh():
     """Empty graph cache (and laid-out weights), zeroed stats and a reset Dynamo: each test

@@ -39,26 +39,35 @@ from neuroncc.ir.ops import Op
 from neuroncc.ir.printer import format_node
 
 
-def emit_graph(g: Graph, target: Target, reuse: bool = True, unrolled: bool = False) -> Executable:
-    """g's executable; `reuse=False` emits every kernel, where a kernel identical to two
+def emit_graph(
+    g: Graph, target: Target, reuse: bool = True, unrolled: bool = False, check_reuse: bool = False
+) -> Executable:
+    """g's executable; `reuse=False` emits every kernel, where a kernel identical to one
     before it is otherwise placed from its template (Note [kernel reuse]); `unrolled=True`
     emits every iteration of every loop, where one that repeats earlier ones is otherwise
     placed as calls of their blocks (Note [instruction loops]): the executable must be the
-    same."""
+    same. `check_reuse=True` emits the second kernel of each key too and checks that it comes
+    out as the template says (the kernel keys' check: stats()["kernel_key_mismatches"])."""
     tile = stream_tile_bytes(g, target)
+    modes = (reuse, unrolled, check_reuse)
     if tile:  # Note [weight stream]
         try:
-            return _emit(g, target, STREAM_TILES * tile, reuse, unrolled)
+            return _emit(g, target, STREAM_TILES * tile, *modes)
         except OnChipOverflow:
             pass  # a kernel needs the bytes the ring would take: without it
-    return _emit(g, target, 0, reuse, unrolled)
+    return _emit(g, target, 0, *modes)
 
 
 def _emit(
-    g: Graph, target: Target, stream_bytes: int, reuse: bool, unrolled: bool = False
+    g: Graph,
+    target: Target,
+    stream_bytes: int,
+    reuse: bool,
+    unrolled: bool = False,
+    check_reuse: bool = False,
 ) -> Executable:
     ctx = EmitCtx(g, target)
-    ctx.reuse = reuse
+    ctx.reuse, ctx.check_reuse = reuse, check_reuse
     ctx.b.unrolled = unrolled
     if stream_bytes:
         ring = ctx.b.ring(stream_bytes)

@@ -63,7 +63,7 @@ def compile_nir(
         result = _run_passes(g, opts, snapshots)
         stage = "program"
         try:
-            exe = emit_graph(replace(result.graph, name=name), target)
+            exe = emit_graph(replace(result.graph, name=name), target, check_reuse=opts.check_reuse)
             stage = "simulate"  # the timing model
             profile = time_executable(exe, target)
         except CapacityError:

@@ -61,20 +61,25 @@ def lookup_or_compile(
         STATS.add("cache_hits_memory")
         return compiled  # type: ignore[return-value]
     if disk is None:
-        entry = compile_entry()
-        STATS.add("compiles")
+        entry = _compiled(compile_entry)
         return _remember(key, entry, name)
     entry = disk.load(key, __version__)
     if entry is None:
         with disk.compiling(key):
             entry = disk.load(key, __version__)  # another process may have compiled it
             if entry is None:
-                entry = compile_entry()
-                STATS.add("compiles")
+                entry = _compiled(compile_entry)
                 disk.store(key, entry)
                 return _remember(key, entry, name)
     STATS.add("cache_hits_disk")
     return _remember(key, entry, name)
+
+
+def _compiled(compile_entry: Callable[[], Entry]) -> Entry:
+    entry = compile_entry()
+    STATS.add("compiles")
+    STATS.add("compile_seconds", entry.meta.get("compile_seconds", 0.0))
+    return entry
 
 
 def _remember(key: str, entry: Entry, name: str) -> CompiledExecutable:

@@ -14,6 +14,7 @@ from typing import Any
 _COUNTERS = (
     "dynamo_graphs",
     "compiles",
+    "compile_seconds",  # neuroncc's own: passes, emission, timing (not Dynamo's or AOTAutograd's)
     "cache_hits_memory",
     "cache_hits_disk",
     "executions",
@@ -43,7 +44,13 @@ _COUNTERS = (
 )
 # Time-weighted: summed as value x device seconds, reported divided by device_seconds.
 _WEIGHTED = ("mfu", "hfu", "dma_efficiency")
-_FLOAT = ("device_seconds", "roofline_seconds", "throttled_seconds", "eager_device_seconds")
+_FLOAT = (
+    "compile_seconds",
+    "device_seconds",
+    "roofline_seconds",
+    "throttled_seconds",
+    "eager_device_seconds",
+)
 EAGER_PREFIX = "eager_"  # the names of the device's one-op graphs
 
 

@@ -209,7 +209,7 @@ def test_compiler_failure_falls_back_for_that_graph(fresh, monkeypatch, private_
     from neuroncc.errors import CodegenError
     from neuroncc.frontend import compile
 
-    def broken(g, target):
+    def broken(g, target, **options):
         raise CodegenError("emitting %3 = exp %2 : f32[3]: injected failure")
 
     monkeypatch.setattr(compile, "emit_graph", broken)

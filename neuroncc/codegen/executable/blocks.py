@@ -52,9 +52,10 @@ order): a layer's calls then wait on a few instructions, not on one per tile the
 
 from __future__ import annotations
 
+import bisect
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from neuroncc.codegen.hardware import isa
 
@@ -309,3 +310,59 @@ def parametrise(
         out.append(with_fields(ins, changes) if changes else ins)
     offsets = tuple(base.values())
     return Block(name, len(args), tuple(out)), tuple(base), offsets if any(offsets) else ()
+
+
+class TileMoves:
+    """Tiles moved allocation by allocation (Note [mirrored kernels] in kernels/reuse.py):
+    `moves` are (mem, start, nbytes, to) of a kernel's allocations; a tile inside one moves
+    with it, a tile outside them all (the program's rings) stays."""
+
+    def __init__(self, moves) -> None:
+        self.regions: dict[str, list[tuple[int, int, int]]] = {}
+        for m in moves:
+            self.regions.setdefault(m.mem, []).append((m.start, m.start + m.nbytes, m.to))
+        for regions in self.regions.values():
+            regions.sort()
+        self.starts = {mem: [r[0] for r in regions] for mem, regions in self.regions.items()}
+
+    def offset(self, mem: str, lo: int, hi: int) -> int:
+        """Where the bytes [lo, hi) of a partition of `mem` go; Unmovable if they straddle an
+        allocation's edge."""
+        regions = self.regions.get(mem)
+        if not regions:
+            return lo
+        k = bisect.bisect_right(self.starts[mem], lo) - 1
+        if k >= 0 and lo < regions[k][1]:
+            start, end, to = regions[k]
+            if hi > end:
+                raise Unmovable(f"{mem} bytes {lo}..{hi} straddle the allocation {start}..{end}")
+            return lo - start + to
+        if k + 1 < len(regions) and regions[k + 1][0] < hi:
+            raise Unmovable(f"{mem} bytes {lo}..{hi} straddle an allocation's start")
+        return lo
+
+    def tile(self, t: isa.TileRef) -> isa.TileRef:
+        offset = self.offset(t.mem, t.offset, t.offset + t.free_bytes)
+        return t if offset == t.offset else with_fields(t, {"offset": offset})
+
+    def block(self, block: Block) -> Block:
+        out = []
+        for ins in block.instructions:
+            changes = {
+                name: self.tile(value)
+                for name, value in ins.operands().items()
+                if isinstance(value, isa.TileRef)
+            }
+            out.append(with_fields(ins, changes) if changes else ins)
+        return Block(block.name, block.params, tuple(out))
+
+    def touch(self, touch: Touch) -> Touch:
+        if touch.mem == "hbm":
+            return touch
+        p0, p1, lo, hi = touch.box
+        offset = self.offset(touch.mem, lo, hi)
+        return touch if offset == lo else replace(touch, box=(p0, p1, offset, offset + hi - lo))
+
+
+class Unmovable(Exception):
+    """A tile that is not inside one allocation: its kernel cannot be mirrored."""

@@ -83,6 +83,27 @@ class Part:
     inner: Waits
 
 
+@dataclass(frozen=True)
+class Move:
+    """An allocation of `nbytes` at `start` of a partition of `mem`, which from the other end
+    of the memory is at `to` (Note [mirrored kernels] in kernels/reuse.py)."""
+
+    mem: str
+    start: int
+    nbytes: int
+    to: int
+
+
+@dataclass(frozen=True)
+class Allocations:
+    """What a kernel allocated on chip: from which end, the tops it started at, and the bytes
+    each allocation asked for, per memory."""
+
+    down: bool
+    sbuf: tuple[int, tuple[int, ...]]
+    psum: tuple[int, tuple[int, ...]]
+
+
 class OnChipOverflow(CodegenError):
     """A kernel's tiles do not fit SBUF or PSUM (beside what the program set aside)."""
 
@@ -98,8 +119,25 @@ class _Stack:
         self.top = 0  # bytes in use, from the growing end
         self.high_water = 0
         self.down = False
+        self.log: list[int] = []  # the open kernel's allocations, in bytes asked for
 
     def alloc(self, nbytes: int) -> int:
+        self.log.append(nbytes)
+        return self._alloc(nbytes)
+
+    def mirrored(self, top: int, down: bool, log: Sequence[int]) -> list[Move] | None:
+        """Each allocation of `log` (bytes asked for) made from `top` towards `down`, and where
+        the same allocations from the other end put it; None where they would not fit."""
+        here = _Stack(self.mem, self.capacity, self.align)
+        there = _Stack(self.mem, self.capacity, self.align)
+        here.top = there.top = top
+        here.down, there.down = down, not down
+        try:
+            return [Move(self.mem, here._alloc(n), n, there._alloc(n)) for n in log]
+        except OnChipOverflow:
+            return None
+
+    def _alloc(self, nbytes: int) -> int:
         used = -(-self.top // self.align) * self.align
         need = used + -(-nbytes // self.align) * self.align if self.down else used + nbytes
         if need > self.capacity:
@@ -190,6 +228,7 @@ class ProgramBuilder(LoopBuilder):
         self._loop_waits: dict[int, tuple[int, dict]] | None = None  # Note [placed iterations]
         self._loop_start = 0  # the running loop's first instruction
         self._rings: list[RingPool] = []  # the program's
+        self._opened_at = (0, 0)  # the SBUF and PSUM tops the last kernel opened at
         self.unrolled = False  # loops emit every iteration (what a compact loop must equal)
 
     # -- HBM -------------------------------------------------------------------------------
@@ -296,6 +335,8 @@ class ProgramBuilder(LoopBuilder):
     def _open_kernel(self, name: str) -> None:
         self._open = name
         self._start_kernel()
+        self._opened_at = (self._sbuf.top, self._psum.top)
+        self._sbuf.log, self._psum.log = [], []
         self._pools = []
         self._open_segment()
 
@@ -316,12 +357,17 @@ class ProgramBuilder(LoopBuilder):
         built before) placed by a call; the kernel stays open."""
         if self._local:
             block, args, offsets = parametrise(self._open, self._local)
-            index = self._block_index.setdefault(block, len(self.blocks))
-            if index == len(self.blocks):
-                self.blocks.append(block)
+            index = self.add_block(block)
             more = len(self.calls) > self._kernel_calls
             self.place(index, self._open, args, self._phase, offsets, more)
         self._open_segment()
+
+    def add_block(self, block: Block) -> int:
+        """block's index in the program's blocks (an identical one's, if there is one)."""
+        index = self._block_index.setdefault(block, len(self.blocks))
+        if index == len(self.blocks):
+            self.blocks.append(block)
+        return index
 
     def _close_kernel(self) -> None:
         if self._open is None:
@@ -414,6 +460,19 @@ class ProgramBuilder(LoopBuilder):
             Part(c.block, c.args, c.offsets, (c.phase - queue) % shared, inner)
             for c, inner in zip(placed, self._inner_waits, strict=True)
         ]
+
+    def allocations(self) -> Allocations:
+        """What the last kernel opened allocated on chip."""
+        (sbuf, psum), down = self._opened_at, self._sbuf.down
+        return Allocations(down, (sbuf, tuple(self._sbuf.log)), (psum, tuple(self._psum.log)))
+
+    def mirrored(self, allocs: Allocations) -> list[Move] | None:
+        """Where the kernel that allocated `allocs` would have put each of its allocations
+        had it been built from the other end (Note [mirrored kernels] in kernels/reuse.py);
+        None if they would not fit there."""
+        sbuf = self._sbuf.mirrored(allocs.sbuf[0], allocs.down, allocs.sbuf[1])
+        psum = self._psum.mirrored(allocs.psum[0], allocs.down, allocs.psum[1])
+        return None if sbuf is None or psum is None else sbuf + psum
 
     @property
     def direction(self) -> bool:

@@ -82,7 +82,8 @@ class EmitCtx:
         self.constant_forms: dict[int, tuple | None] = {}  # (graph.constant_form)
         # What the open kernel's emission did to this context, while reuse records it.
         self.journal: list | None = None
-        self.reuse = True  # place a proven template's block instead of emitting (tests: False)
+        self.reuse = True  # place a template's block instead of emitting (tests: False)
+        self.check_reuse = False  # emit a key's second kernel too, and compare
 
     def alloc(self, v: Value) -> str:
         """v's HBM buffer: where the plan pass placed it (the arena), else after the others."""

@@ -6,15 +6,30 @@ can see: its nodes (ops, attributes, types, the passes' choices), and every valu
 make with what the emission context and the graph say of it (its producer, its readers, the
 views read in place, the buffers it lives in, the HBM bytes it shares with the others), each
 value numbered in the order the description meets it, so the 7th layer's kernel and the 8th's
-describe alike. The first kernel of a key is emitted and remembered as a template: its block,
-its parameters and what its emission did to the context (buffers allocated, aliases, folded
-transposes), all in that numbering. The second is emitted too and must come out the same
-(built from the other end of SBUF, the same up to its tiles' offsets): that proves the key
-covers what the emitter read; a difference marks the key broken, never replayed, and counts
-in stats()["kernel_key_mismatches"]. From then on a kernel of the key built from an end that
-has a template is replayed: the effects on the new values, then a call of the block with the
-new buffers (Note [blocks and calls]). What the emitters build thus grows with the distinct
-kernels of a model, not with its depth: a model whose layers alternate SBUF ends emits two.
+describe alike. The first kernel of a key is emitted and remembered as a template: its blocks,
+its parameters, what it allocated on chip and what its emission did to the context (buffers
+allocated, aliases, folded transposes), all in that numbering. Every later kernel of the key
+is replayed: the effects on the new values, then a call of each block with the new buffers
+(Note [blocks and calls]), built from the end of SBUF the kernel gets (Note [mirrored
+kernels]). What the emitters build thus grows with the distinct kernels of a model, not with
+its depth, and a layer after the first costs its placement and its timing only.
+
+The key is trusted: it is meant to hold all an emitter reads, and a key that missed something
+would place a wrong kernel. The option `check_reuse` (on in the test suite, so every model the
+tests compile checks its keys) emits each key's second kernel too and compares it with the
+template, mirrored where it is built from the other end: a difference marks the key broken,
+never replayed, and counts in stats()["kernel_key_mismatches"].
+
+Note [mirrored kernels]: kernels alternate the end of SBUF and PSUM they allocate from (Note
+[kernel placement]), so the same kernel in the next layer is often built from the other end.
+Built there, it comes out the same but for where its tiles are: each allocation of the kernel
+(the bytes of a pool, in the order the emitter asked for them) lands elsewhere, and every tile
+inside it moves with it; tiles outside the kernel's allocations (the program's rings) stay.
+Allocations are disjoint at either end, so the same tiles overlap and every dependency is the
+same. The builder records a kernel's allocations (`ProgramBuilder.allocations`) and says where
+the other end would put them (`mirrored`); `blocks.TileMoves` moves the tiles of the blocks and
+the on-chip boxes of the footprint. A kernel whose allocations would not fit from the other end
+(the ends align differently) is emitted there.
 """
 
 from __future__ import annotations
@@ -24,9 +39,8 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from neuroncc.codegen.executable.blocks import Footprint
-from neuroncc.codegen.executable.builder import Part
-from neuroncc.codegen.hardware.isa import TileRef
+from neuroncc.codegen.executable.blocks import Footprint, TileMoves, Unmovable
+from neuroncc.codegen.executable.builder import Allocations, Part
 from neuroncc.ir.graph import Node, Value, constant_form
 from neuroncc.runtime.stats import STATS
 
@@ -52,15 +66,17 @@ class Template:
     effects: tuple  # what the emission did to the context, canonical, in order
     queues: int  # DMA queues it dealt out
     stream_end: tuple  # where the weight stream stood after it (Note [weight stream])
+    allocs: Allocations  # what it allocated on chip (Note [mirrored kernels])
 
 
 @dataclass
 class Known:
     """What the kernels of one key came out as: a template per end of SBUF they were built
-    from (Note [kernel placement]), and whether the key is proven or broken."""
+    from (Note [kernel placement]), and with `check_reuse`, whether the key is checked or
+    broken."""
 
     templates: dict[bool, Template]
-    proven: bool = False  # a second kernel of the key came out as the first
+    checked: bool = False  # a second kernel of the key came out as the first
     broken: bool = False  # ... or did not: never replayed
 
 
@@ -175,7 +191,9 @@ def _buffer(name: str, num: _Numbering, by_id: dict[str, Value]):
     return ("buffer", num(v))
 
 
-def template_of(ctx, values: list[Value], journal: list, parts, footprint, queues, stream_end):
+def template_of(
+    ctx, values: list[Value], journal: list, parts, footprint, queues, stream_end, allocs
+):
     index = {v.id: k for k, v in enumerate(values)}
     num = _Fixed(index)
     return Template(
@@ -189,6 +207,7 @@ def template_of(ctx, values: list[Value], journal: list, parts, footprint, queue
         tuple((e[0], *_canon(e[1:], num, ctx.buffer_values)) for e in journal),
         queues,
         stream_end,
+        allocs,
     )
 
 
@@ -207,23 +226,22 @@ class _Fixed(_Numbering):
 
 
 def emit_once(ctx, name: str, nodes: list[Node], emit: Callable[[], None]) -> None:
-    """Emit a kernel, or place the block of the identical kernel built before.
-
-    The key leaves out the end of SBUF the kernel allocates from, which alternates kernel to
-    kernel (Note [kernel placement]): the two ends give two blocks that differ only in their
-    tiles' offsets. A second kernel of the key proves it whichever end it is built from: as
-    the template of its end if it has one, else up to the tiles' offsets. So a model whose
-    layers alternate ends emits two layers, not four."""
+    """Emit a kernel, or place the block of the identical kernel built before (Note [kernel
+    reuse]); with `ctx.check_reuse`, a key's second kernel is emitted and must come out as
+    its first did (mirrored, where it is built from the other end: Note [mirrored kernels])."""
     try:
         key, values = kernel_key(ctx, nodes)
     except Unkeyable:
         key, values = None, []
     known = ctx.templates.get(key) if key is not None else None
     end = ctx.b.direction
-    if known is not None and known.proven and end in known.templates and ctx.reuse:
-        _replay(ctx, name, known.templates[end], values)
-        STATS.add("kernels_reused")
-        return
+    trusted = known is not None and not known.broken and (known.checked or not ctx.check_reuse)
+    if trusted and ctx.reuse:
+        template = _at_end(ctx, known, end)
+        if template is not None:
+            _replay(ctx, name, template, values)
+            STATS.add("kernels_reused")
+            return
     made = _emit_recorded(ctx, name, emit, values)
     STATS.add("kernels_emitted")
     if key is None or made is None:
@@ -233,56 +251,64 @@ def emit_once(ctx, name: str, nodes: list[Node], emit: Callable[[], None]) -> No
         return
     if known.broken:
         return
-    first = known.templates.get(end)
-    if first is not None:
-        agrees = _same(first, made)
-    else:
-        first = next(iter(known.templates.values()))
-        agrees = _same(first, made, ctx.b.blocks)
-    if agrees:
-        known.proven = True
-        known.templates.setdefault(end, made)
+    expected = _at_end(ctx, known, end)
+    if expected is None:  # the first cannot be mirrored to this end: this is its template
+        known.templates[end] = made
+    elif _same(expected, made):
+        known.checked = True
     else:  # the key misses something the emitter read: never replay it
-        known.proven, known.broken = False, True
+        known.broken = True
         STATS.add("kernel_key_mismatches")
 
 
-def _same(a: Template, b: Template, blocks: list | None = None) -> bool:
-    """a and b alike: the same blocks, or (given the blocks) blocks alike but for the offsets
-    of their tiles."""
-    if (a.effects, a.queues, a.stream_end) != (b.effects, b.queues, b.stream_end):
-        return False
-    if len(a.parts) != len(b.parts):
-        return False
-    alike: set[tuple[int, int]] = set()  # pairs of blocks compared (a loop's calls share blocks)
-    for p, q in zip(a.parts, b.parts, strict=True):
-        if (p.args, p.offsets, p.queue, p.inner) != (q.args, q.offsets, q.queue, q.inner):
-            return False
-        if p.block == q.block or (p.block, q.block) in alike:
-            continue
-        if blocks is None or _unplaced(blocks[p.block]) != _unplaced(blocks[q.block]):
-            return False
-        alike.add((p.block, q.block))
-    return True
+def _at_end(ctx, known: Known, end: bool) -> Template | None:
+    """The key's template for a kernel built from `end`: as built there, or mirrored from the
+    other end (None if it cannot be)."""
+    template = known.templates.get(end)
+    if template is None:
+        template = _mirrored(ctx, known.templates[not end])
+        if template is not None:
+            known.templates[end] = template
+    return template
 
 
-def _unplaced(block) -> tuple:
-    """A block's instructions with every tile at offset 0."""
-    out = []
-    for ins in block.instructions:
-        fields = ins.operands()
-        out.append(
-            (
-                ins.opcode,
-                ins.engine,
-                ins.deps,
-                tuple(
-                    dataclasses.replace(v, offset=0) if isinstance(v, TileRef) else v
-                    for v in fields.values()
-                ),
-            )
+def _mirrored(ctx, t: Template) -> Template | None:
+    """t as its kernel comes out built from the other end (Note [mirrored kernels]), its
+    blocks added to the program; None where its allocations do not fit there."""
+    b = ctx.b
+    moves = b.mirrored(t.allocs)
+    if moves is None:
+        return None
+    m = TileMoves(moves)
+    blocks: dict[int, int] = {}  # t's block -> the mirrored block (a loop's calls share)
+    try:
+        for p in t.parts:
+            if p.block not in blocks:
+                blocks[p.block] = b.add_block(m.block(b.blocks[p.block]))
+        footprint = dataclasses.replace(
+            t.footprint,
+            entries=tuple(map(m.touch, t.footprint.entries)),
+            exits=tuple(map(m.touch, t.footprint.exits)),
         )
-    return tuple(out)
+    except Unmovable:
+        return None
+    return dataclasses.replace(
+        t,
+        parts=tuple(dataclasses.replace(p, block=blocks[p.block]) for p in t.parts),
+        footprint=footprint,
+        allocs=dataclasses.replace(t.allocs, down=not t.allocs.down),
+    )
+
+
+def _same(a: Template, b: Template) -> bool:
+    """a and b alike: the same blocks placed the same way, with the same effects."""
+    return (a.parts, a.footprint, a.effects, a.queues, a.stream_end) == (
+        b.parts,
+        b.footprint,
+        b.effects,
+        b.queues,
+        b.stream_end,
+    )
 
 
 def _emit_recorded(ctx, name, emit, values) -> Template | None:
@@ -298,7 +324,8 @@ def _emit_recorded(ctx, name, emit, values) -> Template | None:
         return None
     queues, stream = b.queue_count - queue0, ctx.stream_state()
     try:
-        return template_of(ctx, values, journal, parts, b.footprint, queues, stream)
+        allocs = b.allocations()
+        return template_of(ctx, values, journal, parts, b.footprint, queues, stream, allocs)
     except Unkeyable:
         return None
 

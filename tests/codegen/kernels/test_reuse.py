@@ -10,6 +10,8 @@ from neuroncc.codegen import lower
 from neuroncc.codegen.executable import loops
 from neuroncc.codegen.kernels import reuse
 from neuroncc.frontend import compile as compile_module
+from neuroncc.frontend.weight_layout import LAID_OUT
+from neuroncc.runtime.cache import GRAPH_CACHE
 
 
 class _Block(nn.Module):
@@ -28,14 +30,17 @@ def _stack(layers: int, d: int = 64) -> nn.Module:
 
 @pytest.fixture
 def both_ways(monkeypatch):
-    """Every graph emitted with reuse and without: the executables must be equal."""
+    """Every graph emitted with reuse (templates trusted, and checked) and without: the
+    executables must be equal."""
     compared = []
 
-    def emit_graph(g, target, reuse=True):
-        placed, emitted = lower.emit_graph(g, target), lower.emit_graph(g, target, reuse=False)
-        assert placed == emitted, f"{g.name}: reuse changed the executable"
-        compared.append((g.name, placed))
-        return placed
+    def emit_graph(g, target, **kw):
+        emitted = lower.emit_graph(g, target, reuse=False)
+        for check in (False, True):
+            placed = lower.emit_graph(g, target, check_reuse=check)
+            assert placed == emitted, f"{g.name}: reuse (check_reuse={check}) changed it"
+        compared.append((g.name, emitted))
+        return emitted
 
     monkeypatch.setattr(compile_module, "emit_graph", emit_graph)
     return compared
@@ -63,18 +68,28 @@ def test_reused_kernels_give_the_executable_emitting_gives(
     assert any(c.more for _, exe in both_ways for c in exe.calls) == short_loops
 
 
-def test_a_key_that_misses_something_is_caught_and_never_replayed(fresh, both_ways, monkeypatch):
-    """Every kernel given the same key: the second comes out other than the first, so the key
-    is marked broken and nothing is placed from it; the executable is still right."""
+def test_a_key_that_misses_something_is_caught_and_never_replayed(fresh, monkeypatch):
+    """check_reuse, every kernel given the same key: the second comes out other than the
+    first, so the key is marked broken and nothing is placed from it; the executable is the
+    one emitting every kernel gives."""
     real = reuse.kernel_key
     monkeypatch.setattr(reuse, "kernel_key", lambda ctx, nodes: ("one key", real(ctx, nodes)[1]))
+    graphs = []
+
+    def emit_graph(g, target, **kw):
+        graphs.append(g.name)
+        checked = lower.emit_graph(g, target, **kw)
+        assert kw["check_reuse"] and checked == lower.emit_graph(g, target, reuse=False)
+        return checked
+
+    monkeypatch.setattr(compile_module, "emit_graph", emit_graph)
     model = _stack(3)
     x = torch.randn(2, 16, 64)
     compiled = torch.compile(model, backend="neuron", options={"disk_cache": False})
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
     s = neuroncc.stats()
-    assert s["kernel_key_mismatches"] > 0 and s["kernels_reused"] == 0, s
+    assert graphs and s["kernel_key_mismatches"] > 0 and s["kernels_reused"] == 0, s
 
 
 class _MaskedAttention(nn.Module):
@@ -105,3 +120,47 @@ def test_layers_that_differ_in_a_constant_do_not_share_a_template(fresh, both_wa
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
     s = neuroncc.stats()
     assert s["kernels_reused"] > 0 and s["kernel_key_mismatches"] == 0, s
+
+
+class _OddBlock(_Block):
+    """Three kernels: layer after layer, the same kernel is built from the other end of SBUF."""
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(self.norm(x)))).sigmoid().sum(-1, keepdim=True)
+
+
+def test_layers_after_the_first_emit_nothing(fresh, monkeypatch):
+    """Trusted templates (the default): a deeper stack emits no more kernels than a shallower
+    one (the first layer's kernels read the graph's input, so its keys differ from the rest),
+    later layers built from the other end of SBUF are placed from mirrored templates (Note
+    [mirrored kernels]), and the executable is the one emitting every kernel gives."""
+    monkeypatch.delenv("NEURONCC_CHECK_REUSE")
+    mirrored, graphs = [], []
+    real_mirrored = reuse._mirrored
+
+    def spy_mirrored(ctx, template):
+        mirrored.append(real_mirrored(ctx, template))
+        return mirrored[-1]
+
+    def spy_emit(g, target, **kw):
+        graphs.append((g, target))
+        return lower.emit_graph(g, target, **kw)
+
+    monkeypatch.setattr(reuse, "_mirrored", spy_mirrored)
+    monkeypatch.setattr(compile_module, "emit_graph", spy_emit)
+    emitted = {}
+    for layers in (3, 6):
+        torch._dynamo.reset()
+        GRAPH_CACHE.clear()  # (the weights' layout graphs too)
+        LAID_OUT.clear()
+        torch.manual_seed(0)
+        model, x = nn.Sequential(*(_OddBlock(64) for _ in range(layers))), torch.randn(2, 16, 64)
+        neuroncc.reset_stats()
+        compiled = torch.compile(model, backend="neuron", options={"disk_cache": False})
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+        emitted[layers] = neuroncc.stats()["kernels_emitted"]
+    assert emitted[3] == emitted[6] and neuroncc.stats()["kernels_reused"] > 0, emitted
+    assert any(t is not None for t in mirrored), "no template was mirrored"
+    for g, target in graphs:
+        assert lower.emit_graph(g, target) == lower.emit_graph(g, target, reuse=False), g.name
