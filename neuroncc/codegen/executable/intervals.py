@@ -14,12 +14,13 @@ import bisect
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+Entry = tuple[int, int, int, T]  # (lo, hi, seq, item): seq orders items added at one lo
 
 
 class _Class(Generic[T]):
     def __init__(self) -> None:
         self.los: list[int] = []
-        self.items: list[tuple[int, int, int, T]] = []  # (lo, hi, seq, item), sorted by lo, seq
+        self.items: list[Entry] = []  # sorted by lo, seq
 
 
 class IntervalIndex(Generic[T]):
@@ -44,6 +45,30 @@ class IntervalIndex(Generic[T]):
             if start < stop:
                 out.extend(e[3] for e in c.items[start:stop] if lo < e[1])
         return out
+
+    def near(self, lo: int, hi: int) -> list[Entry]:
+        """The entries (lo, hi, seq, item) of the items that intersect [lo, hi) or lie inside
+        [lo, hi]: what `overlapping` returns and what `remove_where` can drop, in one search
+        (a caller that asks both of one range, then drops with `discard`)."""
+        out: list[Entry] = []
+        for length_class, c in self._classes.items():
+            los = c.los
+            start = bisect.bisect_left(los, lo - (1 << length_class))
+            stop = bisect.bisect_right(los, hi, start)
+            if start < stop:
+                out.extend(
+                    e for e in c.items[start:stop] if lo < e[1] or (lo <= e[0] and e[1] <= hi)
+                )
+        return out
+
+    def discard(self, entry: Entry) -> None:
+        """Drop an entry `near` returned (still held)."""
+        lo, hi, seq, _ = entry
+        c = self._classes[max(hi - lo, 1).bit_length()]
+        i = bisect.bisect_left(c.los, lo)
+        while c.items[i][2] != seq:
+            i += 1
+        del c.los[i], c.items[i]
 
     def remove_where(self, lo: int, hi: int, predicate) -> None:
         """Drop the items inside [lo, hi) for which predicate(item) holds."""

@@ -50,13 +50,35 @@ class DepTracker:
 
     def add(self, ins_id: int, ins: isa.Instr) -> tuple[int, ...]:
         """The latest instruction of each other engine that ins must wait for (one id per
-        engine, Note [dependencies]); then ins is recorded as instruction ins_id."""
-        touched = [(*region(ref, self._buffers), write) for ref, write in accesses(ins)]
+        engine, Note [dependencies]); then ins is recorded as instruction ins_id (above every
+        id recorded before). What `conflicts` for each access, then `record_access` for each
+        would do, with one search of the index per access for both."""
+        engine = ins.engine
         latest: dict[str, int] = {}
-        for mem, box, write in touched:
-            self.conflicts(mem, box, write, ins.engine, latest)
-        for mem, box, write in touched:
-            self.record_access(ins_id, ins.engine, mem, box, write)
+        touched = []
+        for ref, write in accesses(ins):
+            mem, box = region(ref, self._buffers)
+            live = self._live.get(mem)
+            near = live.near(box[2], box[3]) if live is not None else ()
+            touched.append((mem, box, write, near))
+            lo, hi, p0, p1 = box[2], box[3], box[0], box[1]
+            for e in near:
+                acc = e[3]
+                if e[0] < hi and lo < e[1] and (write or acc.write) and acc.engine != engine:
+                    other = acc.box
+                    if p0 < other[1] and other[0] < p1 and latest.get(acc.engine, -1) < acc.instr:
+                        latest[acc.engine] = acc.instr
+        dropped: set[tuple[str, int]] = set()  # (two accesses of ins may find one entry)
+        for mem, box, write, near in touched:
+            live = self._live.setdefault(mem, IntervalIndex())
+            for e in near:
+                acc = e[3]
+                if (mem, e[2]) in dropped or not covers(box, acc.box):
+                    continue
+                if write or (not acc.write and acc.engine == engine):  # as record_access
+                    live.discard(e)
+                    dropped.add((mem, e[2]))
+            live.add(box[2], box[3], _Access(ins_id, engine, box, write))
         return tuple(sorted(latest.values()))
 
     def conflicts(self, mem: str, box: Box, write: bool, engine: str, latest: dict) -> None:
