@@ -160,12 +160,12 @@ class TilePool:
         self.period = bufs  # a loop's period may turn it by whole rotations only
 
     def tile(self, np_: int, free: Sequence[int], dtype: DType) -> isa.TileRef:
-        t = isa.TileRef(self.mem, 0, np_, 0, dtype, tuple(free))
+        slot = self.state % self.bufs
+        t = isa.TileRef(self.mem, 0, np_, self.base + slot * self.slot_bytes, dtype, tuple(free))
         if t.free_bytes > self.slot_bytes or np_ > 128:
             raise CodegenError(f"tile {t} does not fit a {self.slot_bytes}-byte slot")
-        slot = self.state % self.bufs
         self.state += 1
-        return replace(t, offset=self.base + slot * self.slot_bytes)
+        return t
 
 
 class RingPool:

@@ -17,12 +17,29 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from neuroncc.ir.types import DType
 
 COMPUTE_ENGINES = ("pe", "act", "dve", "pool")
+
+
+class _cached:
+    """functools.cached_property without its lock: Python 3.11's takes an RLock on every first
+    access (3.12 dropped it), and codegen makes ~10^5 operands per graph, each asked once or
+    twice for its sizes. Computed on first use and stored in the instance's __dict__, which
+    later lookups find before this descriptor."""
+
+    def __init__(self, fn) -> None:
+        self.fn, self.name = fn, fn.__name__
+        self.__doc__ = fn.__doc__
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
 
 
 def dma_queue(i: int) -> str:
@@ -41,11 +58,11 @@ class TileRef:
     dtype: DType
     free: tuple[int, ...]
 
-    @functools.cached_property
+    @_cached
     def free_elems(self) -> int:
         return math.prod(self.free)
 
-    @functools.cached_property
+    @_cached
     def free_bytes(self) -> int:
         return self.free_elems * self.dtype.itemsize
 
@@ -53,27 +70,28 @@ class TileRef:
     def shape(self) -> tuple[int, ...]:
         return (self.np, *self.free)
 
-    @functools.cached_property
+    @_cached
     def numel(self) -> int:
         return self.np * self.free_elems
 
     def reshaped(self, free: tuple[int, ...]) -> TileRef:
         assert math.prod(free) == self.free_elems, (free, self.free)
-        return replace(self, free=tuple(free))
+        return TileRef(self.mem, self.p0, self.np, self.offset, self.dtype, tuple(free))
 
     def rows(self, p: int) -> TileRef:
         """The first p partitions of this tile."""
-        return replace(self, np=p)
+        return TileRef(self.mem, self.p0, p, self.offset, self.dtype, self.free)
 
     def partitions(self, start: int, count: int) -> TileRef:
         """Partitions start .. start + count of this tile."""
         assert 0 <= start and start + count <= self.np, (start, count, self.np)
-        return replace(self, p0=self.p0 + start, np=count)
+        return TileRef(self.mem, self.p0 + start, count, self.offset, self.dtype, self.free)
 
     def cols(self, start: int, count: int) -> TileRef:
         """A column range of a tile whose free shape is 1-d."""
         assert len(self.free) == 1 and start + count <= self.free[0]
-        return replace(self, offset=self.offset + start * self.dtype.itemsize, free=(count,))
+        offset = self.offset + start * self.dtype.itemsize
+        return TileRef(self.mem, self.p0, self.np, offset, self.dtype, (count,))
 
     def __str__(self) -> str:
         return (
@@ -93,11 +111,11 @@ class DramRef:
     def shape(self) -> tuple[int, ...]:
         return tuple(c for _, c in self.dims)
 
-    @functools.cached_property
+    @_cached
     def numel(self) -> int:
         return math.prod(self.shape)
 
-    @functools.cached_property
+    @_cached
     def nbytes(self) -> int:
         return self.numel * self.dtype.itemsize
 
@@ -105,7 +123,7 @@ class DramRef:
         """[lo, hi) element bounds of what this pattern touches."""
         return self._span
 
-    @functools.cached_property
+    @_cached
     def _span(self) -> tuple[int, int]:
         if self.numel == 0:
             return self.offset, self.offset
