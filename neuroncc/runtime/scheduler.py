@@ -27,6 +27,7 @@ shifting that call's schedule and replaying its effect on the state, without loo
 instructions; the layers of a model past the first few meet one steady state. Equal states
 give equal schedules, so the memo changes no time by more than the picoseconds of the key's
 rounding (`schedule(memo=False)` times every call afresh; the tests hold the two together).
+A kernel meeting a state met before is placed whole the same way (Note [timing by kernel]).
 """
 
 from __future__ import annotations
@@ -127,6 +128,7 @@ class _Scheduler:
         self.busy: dict[str, float] = defaultdict(float)  # per track: ns x busy_share
         self.last_writes: dict[str, tuple] = {}  # compute engine -> its last writes
         self.calls_replayed = 0  # calls placed from the memo (Note [timing by call])
+        self.kernels_replayed = 0  # kernels placed whole (Note [timing by kernel])
         self.plans: dict[int, _Plan] = {}  # per block called
 
     def compute(self, track: str, dur: float, ready: float) -> tuple[float, float]:
@@ -337,36 +339,52 @@ class _Effect:
 
 
 def schedule(exe: Executable, t: Target, memo: bool = True) -> tuple[Schedule, _Scheduler]:
-    """The schedule of exe's unrolled stream, timed call by call (Note [timing by call])."""
+    """The schedule of exe's unrolled stream, timed kernel by kernel where a kernel meets a
+    state met before (Note [timing by kernel]), else call by call (Note [timing by call])."""
     sizes = [len(b.instructions) for b in exe.blocks]
     n = sum(sizes[c.block] for c in exe.calls)
     start, end = np.zeros(n), np.zeros(n)
     state = _Scheduler(t)
-    plans = state.plans
     effects: dict[tuple, _Effect] = {}
+    kernels = _KernelMemo(exe, state)
     track: list[str] = []
     base = 0
-    for call in exe.calls:
-        plan = plans.get(call.block)
-        if plan is None:
-            plan = plans[call.block] = _Plan(exe.blocks[call.block], t)
-        tracks, step_tracks = plan.tracks(call.phase, exe.shared_queues)
-        waits = {j: float(end[list(ids)].max()) + t.semaphore_ns for j, ids in call.waits}
-        entry = _Entry(state, plan, tracks, waits)
-        effect = effects.get((call.block, entry.key)) if memo else None
-        stop = base + len(plan.steps)
-        if effect is None:
-            effect, start[base:stop], end[base:stop] = _time_call(state, plan, tracks, entry, t)
-            if memo:
-                effects[call.block, entry.key] = effect
-        else:
-            _apply(state, plan, tracks, entry, effect)
-            state.calls_replayed += 1
-            start[base:stop] = effect.start + entry.origin
-            end[base:stop] = effect.end + entry.origin
-        track += step_tracks
-        base = stop
+    for k0, k1 in _kernel_spans(exe.calls):
+        visit = kernels.visit(k0, k1, base, end) if memo else None
+        if visit is not None and visit.effect is not None:
+            base = visit.apply(state, start, end, track)
+            continue
+        at = base
+        for call in exe.calls[k0:k1]:
+            base = _place_call(exe, state, call, base, start, end, effects if memo else None)
+            track += state.plans[call.block].tracks(call.phase, exe.shared_queues)[1]
+        if visit is not None:
+            visit.record(state, start[at:base], end[at:base], track[len(track) - (base - at) :])
     return Schedule(start, end, track), state
+
+
+def _place_call(exe, state: _Scheduler, call, base: int, start, end, effects) -> int:
+    """Time one call at `base` of the stream, from the memo `effects` where its entry state
+    was met before (None: afresh); the stream position after it."""
+    t, plans = state.t, state.plans
+    plan = plans.get(call.block)
+    if plan is None:
+        plan = plans[call.block] = _Plan(exe.blocks[call.block], t)
+    tracks = plan.tracks(call.phase, exe.shared_queues)[0]
+    waits = {j: float(end[list(ids)].max()) + t.semaphore_ns for j, ids in call.waits}
+    entry = _Entry(state, plan, tracks, waits)
+    effect = effects.get((call.block, entry.key)) if effects is not None else None
+    stop = base + len(plan.steps)
+    if effect is None:
+        effect, start[base:stop], end[base:stop] = _time_call(state, plan, tracks, entry, t)
+        if effects is not None:
+            effects[call.block, entry.key] = effect
+    else:
+        _apply(state, plan, tracks, entry, effect)
+        state.calls_replayed += 1
+        start[base:stop] = effect.start + entry.origin
+        end[base:stop] = effect.end + entry.origin
+    return stop
 
 
 class _Entry:
@@ -518,3 +536,275 @@ def _apply(state: _Scheduler, plan: _Plan, tracks, entry: _Entry, effect: _Effec
     state.last_writes.update(plan.exit_writes)
     state.throttled_ns += effect.throttled_ns
     state.dma_engine_ns += effect.dma_engine_ns
+
+
+# -- kernels, replayed whole ---------------------------------------------------------------------
+
+
+def _kernel_spans(calls) -> list[tuple[int, int]]:
+    """[first, stop) call indexes of each kernel: a call and the calls that continue it."""
+    spans, first = [], 0
+    for k in range(1, len(calls) + 1):
+        if k == len(calls) or not calls[k].more:
+            spans.append((first, k))
+            first = k
+    return spans
+
+
+@dataclass
+class _KernelShape:
+    """What timing a kernel depends on besides the state it meets, worked out once per shape:
+    the tracks it runs on, its compute engines (whose drains it may pay on entry), and its
+    instructions up to the last track's first, as the pass that bounds the kernel's floor
+    walks them (Note [timing by kernel]): (track, the steps it waits for, the wait on earlier
+    kernels it has (-1: none), its least duration, whether it is TensorE's, whether it holds
+    its track)."""
+
+    tracks: tuple[str, ...]
+    engines: tuple[str, ...]
+    prefix: tuple[tuple[int, tuple[int, ...], int, float, bool, bool], ...]
+    uses_pe: bool
+    uses_dma: bool
+
+    def floor(self, floors: list[float], waits: list[float], sem: float) -> float:
+        """A lower bound of every start in the kernel: the least of its tracks' first
+        instructions' bounds, from the tracks' floors and the waits' readiness."""
+        bound, first = list(floors), [None] * len(floors)
+        ends: list[float] = []
+        for k, deps, wait, least, tensor, holds in self.prefix:
+            start = bound[k]
+            for d in deps:
+                start = max(start, ends[d] + sem)
+            if wait >= 0 and waits[wait] > start:
+                start = waits[wait]
+            ends.append(start + least)
+            if first[k] is None:
+                first[k] = start
+            if holds:
+                bound[k] = start if tensor else start + least
+        return min(first)  # type: ignore[type-var]
+
+
+@dataclass
+class _KernelEffect:
+    """What timing a kernel did, relative to its floor: replayed on a memo hit."""
+
+    start: np.ndarray
+    end: np.ndarray
+    track: list[str]  # per instruction, with the kernel's first queue at `phase`
+    phase: int
+    free_at: tuple[float | None, ...]  # per track of the shape (None: left as it was)
+    pe: tuple[float, ...]  # issued, lanes (relative); warm-up (absolute)
+    dma_tails: tuple  # per DMA engine from the kernel's first, then HBM: tails after the floor
+    dealt: int
+    busy: tuple[float, ...]  # per track of the shape
+    last_writes: tuple[tuple[str, tuple], ...]
+    throttled_ns: float
+    dma_engine_ns: float
+    calls: int
+
+
+class _KernelMemo:
+    """Note [timing by kernel]: a kernel (a call and the calls continuing it: a loop's
+    iterations) that meets a state an earlier kernel of its shape met is placed whole, by
+    shifting that kernel's schedule and replaying its effect, without visiting its calls. A
+    shape is the kernel's calls' blocks, queue phases and waits among themselves, and which
+    of its instructions wait on earlier kernels. The state is taken relative to the kernel's
+    floor F, a lower bound of every start in it: the least, over its tracks, of a bound of the
+    track's first instruction (the track's free time, and what its dependencies and waits
+    imply, as a max-plus form worked out once per shape, up to the last track's first
+    instruction). Below F nothing matters, so values under it are raised to it: the tracks'
+    free times, the waits on earlier kernels, TensorE's issue point (its lanes to that point,
+    its free time to where an idle gap is sure), the DMA engines' and HBM's busy intervals
+    (only their tails after F). With those, the compute engines' last writes (which drains
+    the kernel pays) and the DMA engine dealt to first, the state decides the kernel's
+    schedule up to the shift: equal keys give equal schedules, to the key's picoseconds as
+    the call memo does. The layers of a model past the first few then cost a lookup per
+    kernel, where the call memo still computed every call's entry (a pass over its block). A
+    shape is summarised from its second kernel on: most kernels of a one-layer model occur
+    once."""
+
+    def __init__(self, exe: Executable, state: _Scheduler) -> None:
+        self.exe, self.state = exe, state
+        self.ids: dict[tuple, int] = {}  # shape -> its id
+        self.shapes: dict[int, _KernelShape | None] = {}  # id -> summary (None: seen once)
+        self.effects: dict[tuple, _KernelEffect] = {}
+
+    def visit(self, k0: int, k1: int, base: int, end: np.ndarray) -> _KernelVisit | None:
+        """The kernel of calls [k0, k1) at stream position `base`: its memo key and effect if
+        one was recorded, or None if its shape was not seen before."""
+        calls, shared = self.exe.calls[k0:k1], self.exe.shared_queues
+        phase = calls[0].phase  # the shape's queues count from the kernel's first
+        shape, cross = [], []  # cross: (kernel instruction, earlier instructions it waits on)
+        at = 0
+        for call in calls:
+            waits = []
+            for j, ids in call.waits:
+                inner = tuple(i - base for i in ids if i >= base)
+                outer = tuple(i for i in ids if i < base)
+                if outer:
+                    cross.append((at + j, outer))
+                waits.append((j, inner, bool(outer)))
+            shape.append((call.block, (call.phase - phase) % shared, tuple(waits)))
+            at += len(self.exe.blocks[call.block].instructions)
+        sid = self.ids.setdefault(tuple(shape), len(self.ids))
+        summary = self.shapes.get(sid)
+        if summary is None:
+            if sid not in self.shapes:
+                self.shapes[sid] = None
+                return None
+            summary = self.shapes[sid] = self._summarise(calls, base)
+        tracks = tuple(turn_queue(tr, phase, shared) for tr in summary.tracks)
+        return _KernelVisit(self, sid, summary, tracks, phase, cross, end, base, k1 - k0)
+
+    def _summarise(self, calls, base: int) -> _KernelShape:
+        shared = self.exe.shared_queues
+        plans = [self._plan(call.block) for call in calls]
+        phases = [(c.phase - calls[0].phase) % shared for c in calls]  # as the shape has them
+        tracks = tuple(
+            dict.fromkeys(tr for c, p in zip(phases, plans) for tr in p.tracks(c, shared)[1])
+        )
+        index = {tr: k for k, tr in enumerate(tracks)}
+        met, prefix, waits = set(), [], 0
+        for call, plan, phase in zip(calls, plans, phases):
+            step_tracks = plan.tracks(phase, shared)[1]
+            at, local = len(prefix), dict(call.waits)
+            for j, s in enumerate(plan.steps):
+                deps = tuple(at + d for d in s.deps)
+                wait = -1
+                if j in local:
+                    deps += tuple(i - base for i in local[j] if i >= base)
+                    if any(i < base for i in local[j]):
+                        wait, waits = waits, waits + 1
+                k = index[step_tracks[j]]
+                holds = s.kind != DMA or bool(s.shares)  # one that moves nothing does not
+                prefix.append((k, deps, wait, s.least_ns, s.kind == TENSOR, holds))
+                met.add(k)
+            if len(met) == len(tracks):
+                break
+        engines = tuple(dict.fromkeys(e for p in plans for e in p.exit_writes))
+        return _KernelShape(
+            tracks,
+            engines,
+            tuple(prefix),
+            any(p.uses_pe for p in plans),
+            any(p.uses_dma for p in plans),
+        )
+
+    def _plan(self, block: int) -> _Plan:
+        plans = self.state.plans
+        if block not in plans:
+            plans[block] = _Plan(self.exe.blocks[block], self.state.t)
+        return plans[block]
+
+
+class _KernelVisit:
+    """One kernel met in the stream: its floor, its memo key, the effect recorded for it."""
+
+    def __init__(
+        self,
+        memo: _KernelMemo,
+        sid: int,
+        shape: _KernelShape,
+        tracks,
+        phase,
+        cross,
+        end,
+        base,
+        calls,
+    ):
+        """`tracks`: the shape's, turned by the kernel's first queue (at `phase`)."""
+        self.memo, self.shape, self.tracks, self.phase = memo, shape, tracks, phase
+        self.base, self.calls = base, calls
+        state, t = memo.state, memo.state.t
+        sem = t.semaphore_ns
+        pe_floor = max(state.pe_issued, min(state.pe_lane_free))
+        floors = [pe_floor if tr == "pe" else state.free_at[tr] for tr in tracks]
+        ready = [float(end[list(ids)].max()) + sem for _, ids in cross]
+        self.floor = f = shape.floor(floors, ready, sem)
+        free = tuple(round(max(state.free_at[tr], f) - f, KEY_NS) for tr in tracks if tr != "pe")
+        pe: tuple = ()
+        if shape.uses_pe:
+            issued = max(state.pe_issued, f)
+            idle = issued - t.pe_throttle_ramp_ns / 2 - 1.0  # a free time before it: idle
+            pe = (
+                round(issued - f, KEY_NS),
+                *(round(max(lane, issued) - f, KEY_NS) for lane in state.pe_lane_free),
+                round(max(state.free_at["pe"], idle) - f, KEY_NS),
+                round(state.pe_warm_ns, KEY_NS),
+            )
+        waits = tuple(round(max(w, f) - f, KEY_NS) for w in ready)
+        drains = tuple(id(state.last_writes.get(e)) for e in shape.engines)
+        tails: tuple = ()
+        self.first_engine = state.next_engine
+        if shape.uses_dma:
+            tails = tuple(_key_tail(tl.tail(f, f)) for tl in _dealt(state, state.next_engine))
+        self.key = (sid, free, pe, waits, drains, tails)
+        self.effect = memo.effects.get(self.key)
+        if self.effect is None:  # what the kernel's timing is measured against
+            self.busy = tuple(state.busy[tr] for tr in tracks)
+            self.free = tuple(state.free_at[tr] for tr in tracks)
+            self.throttled_ns, self.dma_engine_ns = state.throttled_ns, state.dma_engine_ns
+
+    def record(self, state: _Scheduler, start, end, track: list[str]) -> None:
+        """The kernel was timed call by call: remember what it did."""
+        f, shape = self.floor, self.shape
+        pe: tuple = ()
+        if shape.uses_pe:
+            issued = state.pe_issued
+            pe = (issued - f, *(max(x, issued) - f for x in state.pe_lane_free), state.pe_warm_ns)
+        tails = ()
+        if shape.uses_dma:
+            tails = tuple(tl.tail(f, f) for tl in _dealt(state, self.first_engine))
+        self.memo.effects[self.key] = _KernelEffect(
+            start=start - f,
+            end=end - f,
+            track=track,
+            phase=self.phase,
+            free_at=tuple(
+                None if state.free_at[tr] == was else state.free_at[tr] - f
+                for tr, was in zip(self.tracks, self.free, strict=True)
+            ),
+            pe=pe,
+            dma_tails=tails,
+            dealt=(state.next_engine - self.first_engine) % len(state.dma_engines),
+            busy=tuple(state.busy[tr] - b for tr, b in zip(self.tracks, self.busy, strict=True)),
+            last_writes=tuple((e, state.last_writes[e]) for e in shape.engines),
+            throttled_ns=state.throttled_ns - self.throttled_ns,
+            dma_engine_ns=state.dma_engine_ns - self.dma_engine_ns,
+            calls=self.calls,
+        )
+
+    def apply(self, state: _Scheduler, start, end, track: list[str]) -> int:
+        """Place the kernel from its recorded effect; the stream position after it."""
+        e, f, shape = self.effect, self.floor, self.shape
+        assert e is not None
+        for tr, free, busy in zip(self.tracks, e.free_at, e.busy, strict=True):
+            if free is not None:
+                state.free_at[tr] = free + f
+            state.busy[tr] += busy
+        if shape.uses_pe:
+            lanes = len(state.pe_lane_free)
+            state.pe_issued = e.pe[0] + f
+            state.pe_lane_free = [x + f for x in e.pe[1 : 1 + lanes]]
+            state.pe_warm_ns = e.pe[-1]
+        if shape.uses_dma:
+            for tl, tail in zip(_dealt(state, self.first_engine), e.dma_tails, strict=True):
+                tl.replace_tail(f, f, tail)
+            state.next_engine = (self.first_engine + e.dealt) % len(state.dma_engines)
+        state.last_writes.update(e.last_writes)
+        state.throttled_ns += e.throttled_ns
+        state.dma_engine_ns += e.dma_engine_ns
+        state.calls_replayed += e.calls
+        state.kernels_replayed += 1
+        stop = self.base + len(e.start)
+        start[self.base : stop] = e.start + f
+        end[self.base : stop] = e.end + f
+        if e.phase == self.phase:
+            track += e.track
+        else:  # the same queues, turned on
+            shared = self.memo.exe.shared_queues
+            turn = (self.phase - e.phase) % shared
+            names = {name: turn_queue(name, turn, shared) for name in set(e.track)}
+            track += [names[name] for name in e.track]
+        return stop

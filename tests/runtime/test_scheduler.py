@@ -19,16 +19,16 @@ from tests.codegen.executable.test_blocks import _chain, chain_steps
 from tools import bench
 
 
-def _same_schedule(exe, target) -> int:
+def _same_schedule(exe, target) -> tuple[int, int]:
     """Assert the memo's schedule is the fresh one (to the key's picoseconds); the calls the
-    memo placed."""
+    memo placed, and the kernels it placed whole."""
     fresh, _ = schedule(exe, target, memo=False)
     memo, state = schedule(exe, target)
     scale = max(float(fresh.end.max(initial=0.0)), 1.0)
     np.testing.assert_allclose(memo.start, fresh.start, rtol=0, atol=1e-9 * scale + 1e-2)
     np.testing.assert_allclose(memo.end, fresh.end, rtol=0, atol=1e-9 * scale + 1e-2)
     assert memo.track == fresh.track
-    return state.calls_replayed
+    return state.calls_replayed, state.kernels_replayed
 
 
 @settings(max_examples=30, deadline=None)
@@ -56,7 +56,7 @@ class _Layer(nn.Module):
 @pytest.mark.filterwarnings("ignore:neuroncc timing_only")
 @pytest.mark.parametrize("target", ["trn1", "trn2"])
 def test_repeated_layers_are_timed_once(target):
-    """Eight identical layers: past the first few, each layer's calls meet the state the
+    """Eight identical layers: past the first few, each layer's kernels meet the state the
     previous layer's met and come from the memo; the profile is the fresh timing's."""
     torch.manual_seed(0)
     model = nn.Sequential(*[_Layer(128) for _ in range(8)])
@@ -68,8 +68,10 @@ def test_repeated_layers_are_timed_once(target):
     # the model's graph (the others lay its weights out)
     entry = max(STATS.executed().values(), key=lambda e: len(e.exe.calls))
     exe, t = entry.exe, get_target(target)
-    replayed = _same_schedule(exe, t)
+    replayed, kernels = _same_schedule(exe, t)
     assert replayed >= len(exe.calls) // 2
+    # the later layers' kernels are placed whole (Note [timing by kernel])
+    assert kernels >= sum(not c.more for c in exe.calls) // 4
     profile = time_executable(exe, t)
     assert profile.device_ns == pytest.approx(entry.profile.device_ns, rel=1e-12)
     assert neuroncc.stats()["fallback_nodes"] == {}
