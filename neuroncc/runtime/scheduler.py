@@ -620,19 +620,17 @@ class _KernelMemo:
     the kernel pays) and the DMA engine dealt to first, the state decides the kernel's
     schedule up to the shift: equal keys give equal schedules, to the key's picoseconds as
     the call memo does. The layers of a model past the first few then cost a lookup per
-    kernel, where the call memo still computed every call's entry (a pass over its block). A
-    shape is summarised from its second kernel on: most kernels of a one-layer model occur
-    once."""
+    kernel, where the call memo still computed every call's entry (a pass over its block)."""
 
     def __init__(self, exe: Executable, state: _Scheduler) -> None:
         self.exe, self.state = exe, state
         self.ids: dict[tuple, int] = {}  # shape -> its id
-        self.shapes: dict[int, _KernelShape | None] = {}  # id -> summary (None: seen once)
+        self.shapes: dict[int, _KernelShape] = {}  # id -> summary
         self.effects: dict[tuple, _KernelEffect] = {}
 
-    def visit(self, k0: int, k1: int, base: int, end: np.ndarray) -> _KernelVisit | None:
-        """The kernel of calls [k0, k1) at stream position `base`: its memo key and effect if
-        one was recorded, or None if its shape was not seen before."""
+    def visit(self, k0: int, k1: int, base: int, end: np.ndarray) -> _KernelVisit:
+        """The kernel of calls [k0, k1) at stream position `base`: its memo key, and its
+        effect if one was recorded."""
         calls, shared = self.exe.calls[k0:k1], self.exe.shared_queues
         phase = calls[0].phase  # the shape's queues count from the kernel's first
         shape, cross = [], []  # cross: (kernel instruction, earlier instructions it waits on)
@@ -650,9 +648,6 @@ class _KernelMemo:
         sid = self.ids.setdefault(tuple(shape), len(self.ids))
         summary = self.shapes.get(sid)
         if summary is None:
-            if sid not in self.shapes:
-                self.shapes[sid] = None
-                return None
             summary = self.shapes[sid] = self._summarise(calls, base)
         tracks = tuple(turn_queue(tr, phase, shared) for tr in summary.tracks)
         return _KernelVisit(self, sid, summary, tracks, phase, cross, end, base, k1 - k0)
