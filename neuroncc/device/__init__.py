@@ -62,6 +62,8 @@ def register() -> None:
     memory.patch_storage_constructor()
     memory.patch_pin_memory()
     module.patch_accelerator()
+    module.patch_generator()
+    module.patch_printing()
     _self_test()
     _state["registered"] = True
 

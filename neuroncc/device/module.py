@@ -165,3 +165,51 @@ def _routed(ours, original):
 
     routed.__doc__ = original.__doc__
     return routed
+
+
+def patch_generator() -> None:
+    """`torch.Generator("neuron")` would reach the PrivateUse1 hooks' getNewGenerator, which a
+    Python backend cannot give, and fail with a message about C++ registration. It raises a
+    clear error instead. Random ops on `neuron` tensors draw from the CPU generator (seeded by
+    torch.manual_seed or torch.neuron.manual_seed), so a CPU generator does the same job.
+    torch.Generator becomes a subclass whose constructor makes the same C generator as before,
+    and isinstance/issubclass checks against it hold for every generator."""
+    base = torch._C.Generator
+
+    class _Meta(type(base)):
+        def __instancecheck__(cls, obj) -> bool:
+            return isinstance(obj, base)
+
+        def __subclasscheck__(cls, sub) -> bool:
+            return issubclass(sub, base)
+
+    class Generator(base, metaclass=_Meta):
+        __doc__ = base.__doc__
+
+        def __new__(cls, *args, **kwargs):
+            device = args[0] if args else kwargs.get("device")
+            if device is not None and torch.device(device).type == "neuron":
+                raise RuntimeError(
+                    f"torch.Generator({str(device)!r}) is not supported: PyTorch makes device "
+                    "generators only through C++ hooks, which the neuron device (a Python "
+                    "backend) cannot give. Random ops on neuron tensors draw from the CPU "
+                    "generator, so pass a CPU one: torch.Generator().manual_seed(seed)"
+                )
+            return base(*args, **kwargs)
+
+    Generator.__module__, Generator.__qualname__ = "torch", "Generator"
+    torch.Generator = Generator
+
+
+def patch_printing() -> None:
+    """Printing a tensor runs slicing, comparisons and float64 ops on it to format it; on a
+    `neuron` tensor each would be an eager op (float64 ones falling back with a warning), so
+    its contents are copied to the host first, as PyTorch does for XLA and lazy tensors."""
+    original = torch._tensor_str._tensor_str
+
+    def _tensor_str(self, indent):
+        if self.device.type == "neuron":
+            self = self.to("cpu")
+        return original(self, indent)
+
+    torch._tensor_str._tensor_str = _tensor_str

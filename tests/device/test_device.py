@@ -403,6 +403,32 @@ def test_cpu_code_that_pins_memory_still_runs_with_the_device_registered():
     assert x.pin_memory() is x and not x.is_pinned()
 
 
+def test_a_neuron_generator_is_a_clear_error_and_a_cpu_one_works():
+    """torch.Generator("neuron") needs C++ hooks a Python backend cannot give: it says so and
+    what to use; CPU generators are still torch.Generator and drive random ops on the device
+    as on the CPU."""
+    for device in ("neuron", "neuron:0", torch.device("neuron")):
+        with pytest.raises(RuntimeError, match=r"not supported.*torch.Generator\(\)"):
+            torch.Generator(device)
+    with pytest.raises(RuntimeError, match="not supported"):
+        torch.Generator(device="neuron")
+    g = torch.Generator().manual_seed(7)
+    assert isinstance(g, torch.Generator) and isinstance(torch.default_generator, torch.Generator)
+    on_device = torch.randn(5, device="neuron", generator=g)
+    assert torch.equal(on_device.cpu(), torch.randn(5, generator=torch.Generator().manual_seed(7)))
+
+
+def test_printing_a_device_tensor_runs_nothing_on_the_device(recwarn):
+    """Formatting a tensor takes float64 comparisons and slices: a device tensor is copied to
+    the host first (as PyTorch does for XLA), so printing warns of no fallback."""
+    x = torch.linspace(-2, 2, 300, device="neuron").reshape(3, 100)
+    before = neuroncc.stats()["eager_executions"]
+    text = repr(x)
+    assert text == repr(x.cpu())[:-1] + ", device='neuron:0')"
+    assert neuroncc.stats()["eager_executions"] == before
+    assert not [w for w in recwarn if "eagerly" in str(w.message)]
+
+
 def test_torch_accelerator_answers_for_the_device():
     """torch.accelerator's synchronize and memory functions reach C++ hooks a Python backend
     cannot give (they raised or asserted): torch.neuron answers them."""
