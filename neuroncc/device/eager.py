@@ -35,6 +35,7 @@ class CompiledOp:
 
     run: Callable[[list], list]
     writes: tuple[int, ...]
+    lists: tuple[int | None, ...] = ()  # per output: the length of the list it is (None: a tensor)
 
 
 _CACHE: dict[Any, CompiledOp | str] = {}  # a str: why the op runs on the host
@@ -68,6 +69,10 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
             tensors[k].resize_(value.shape)
         memory.host_view(tensors[k]).copy_(value)
     outs = values[len(compiled.writes) :]
+    if any(n is not None for n in compiled.lists):  # the graph returns lists' tensors flat
+        flat, outs = iter(outs), []
+        for n in compiled.lists:
+            outs.append(next(flat) if n is None else [next(flat) for _ in range(n)])
     return results(op, args, kwargs, outs)
 
 
@@ -142,14 +147,16 @@ def _compile(op, leaves: list, positions: list[int], spec, hosts: list) -> Compi
     except Exception as e:  # noqa: BLE001 (data-dependent shapes and the like: run on the host)
         lines = str(e).strip().splitlines()
         return f"it cannot be traced: {type(e).__name__}: {lines[0] if lines else ''}"
-    writes = _strip_writes(traced)
+    writes, lists = _strip_writes(traced)
     fn = compile_aten_graph(traced, hosts, opts=_options(), name=f"{EAGER_PREFIX}{op}")
-    return CompiledOp(fn, writes)
+    return CompiledOp(fn, writes, lists)
 
 
-def _strip_writes(gm: torch.fx.GraphModule) -> tuple[int, ...]:
+def _strip_writes(gm: torch.fx.GraphModule) -> tuple[tuple[int, ...], tuple[int | None, ...]]:
     """Turn the functionalised graph's `copy_(input, value)` epilogue into outputs: the graph
-    returns the written values first; their inputs' positions."""
+    returns the written values first; their inputs' positions. An output that is a list of
+    tensors (`_fused_adamw` returns five) is returned flat: per output, its list's length
+    (None: a tensor)."""
     g = gm.graph
     placeholders = [n for n in g.nodes if n.op == "placeholder"]
     output = next(n for n in g.nodes if n.op == "output")
@@ -165,13 +172,15 @@ def _strip_writes(gm: torch.fx.GraphModule) -> tuple[int, ...]:
             g.erase_node(n)
     outs = output.args[0]
     outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+    lists = tuple(len(o) if isinstance(o, (tuple, list)) else None for o in outs)
+    outs = [x for o in outs for x in (o if isinstance(o, (tuple, list)) else [o])]
     output.args = ((*values, *outs),)
     for n in reversed(list(g.nodes)):
         if n.op == "call_function" and n.target is torch.ops.aten.resize_.default and not n.users:
             g.erase_node(n)
     g.eliminate_dead_code()
     gm.recompile()
-    return tuple(writes)
+    return tuple(writes), lists
 
 
 def _options():
@@ -223,6 +232,8 @@ def results(op, args: tuple, kwargs: dict, outs: list) -> Any:
                 result.append([memory.adopt(v) for v in value])
             else:
                 result.append(memory.adopt(value) if isinstance(value, torch.Tensor) else value)
+    if not result:  # an op returning nothing (it writes its arguments: _foreach_add_)
+        return None
     return result[0] if len(result) == 1 else tuple(result)
 
 

@@ -177,6 +177,25 @@ def _convolution_backward(
     return eager.run(torch.ops.aten.convolution_backward.default, args, {})
 
 
+def _fused_adam(functional: str):
+    """`_fused_adam(w)_` (Adam/AdamW with fused=True, the Trainer's default) run as its
+    functional form, whose new parameters, gradients and moments are written into the lists
+    it updates, as eager.run writes an in-place op's values: functionalising the in-place op
+    itself fails on the empty `max_exp_avg_sqs` list of every step without amsgrad."""
+    base, overload = functional.split(".")
+    op = getattr(getattr(torch.ops.aten, base), overload)
+    names = ("self", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs")
+
+    def step(*args, **kwargs):
+        new = eager.run(op, args, kwargs)
+        written = [*args[:5], *(kwargs[name] for name in names[len(args) :])]
+        for tensors, values in zip(written, new, strict=True):
+            for t, v in zip(tensors, values, strict=True):
+                memory.host_view(t).copy_(memory.host_view(v))
+
+    return step
+
+
 def _local_scalar_dense(self):
     return memory.host_view(self).item()
 
@@ -195,4 +214,8 @@ _SPECIAL = {
     "_local_scalar_dense": _local_scalar_dense,
     "convolution_overrideable": _convolution,
     "convolution_backward_overrideable": _convolution_backward,
+    "_fused_adamw_": _fused_adam("_fused_adamw.default"),
+    "_fused_adamw_.tensor_lr": _fused_adam("_fused_adamw.tensor_lr"),
+    "_fused_adam_": _fused_adam("_fused_adam.default"),
+    "_fused_adam_.tensor_lr": _fused_adam("_fused_adam.tensor_lr"),
 }

@@ -4,6 +4,7 @@ run on the simulator against CPU results, PyTorch's aliasing, device memory and 
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import pytest
@@ -177,6 +178,115 @@ def test_training_a_small_mlp_on_the_device_matches_cpu(compiled, fresh):
         torch.testing.assert_close(q.detach().cpu(), p.detach(), rtol=1e-4, atol=1e-5)
     s = neuroncc.stats()
     assert s["fallback_nodes"] == {} and (s["executions"] > 0) == compiled, s
+
+
+@pytest.mark.parametrize(
+    "opt, kwargs",
+    [
+        (torch.optim.AdamW, {}),
+        (torch.optim.AdamW, {"amsgrad": True, "weight_decay": 0.1}),
+        (torch.optim.Adam, {"maximize": True, "weight_decay": 0.1}),
+        (torch.optim.AdamW, {"lr": torch.tensor(0.01)}),
+    ],
+    ids=["adamw", "adamw-amsgrad", "adam-maximize", "adamw-tensor-lr"],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_fused_adam_steps_compile_and_match_cpus_fused_kernel(opt, kwargs, dtype, fresh):
+    """Adam/AdamW(fused=True), the Trainer's default optimizer, compiled on the device (its
+    fused op as the update's math, decomp_optim.py): three steps give the CPU fused kernel's
+    parameters and moments."""
+    torch.manual_seed(0)
+    params = [torch.randn(17, 5, dtype=dtype), torch.randn(3, dtype=dtype)]
+    cpu = [p.clone().requires_grad_() for p in params]
+    dev = [p.to("neuron").requires_grad_() for p in params]
+
+    def copied(kw):
+        return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+
+    opts = opt(cpu, fused=True, **copied(kwargs)), opt(dev, fused=True, **copied(kwargs))
+    for _ in range(3):
+        grads = [torch.randn_like(p) for p in params]
+        for p, q, g in zip(cpu, dev, grads, strict=True):
+            p.grad, q.grad = g.clone(), g.to("neuron")
+        for o in opts:
+            o.step()
+    tol = {"rtol": 0, "atol": 0} if dtype == torch.bfloat16 else {"rtol": 1e-6, "atol": 1e-6}
+    for p, q in zip(cpu, dev, strict=True):
+        torch.testing.assert_close(q.detach().cpu(), p.detach(), **tol)
+        for name in opts[0].state[p]:
+            torch.testing.assert_close(opts[1].state[q][name].cpu(), opts[0].state[p][name], **tol)
+    s = neuroncc.stats()
+    assert s["fallback_nodes"] == {} and not s["compiler_errors"], s
+
+
+@pytest.mark.parametrize("found_inf", [0.0, 1.0])
+def test_the_fused_adam_decomposition_is_pytorchs_kernel_with_a_grad_scaler(found_inf):
+    """The decomposition against PyTorch's CPU kernel with what a GradScaler passes: the
+    gradients come back unscaled, and a step that found an overflow changes nothing."""
+    from neuroncc.frontend.decomp_optim import OPTIMIZER_DECOMPOSITIONS
+
+    torch.manual_seed(1)
+    p, g, m, v, mx = ([torch.rand(6, 4)] for _ in range(5))
+    steps = [torch.tensor(3.0)]
+    options = {"lr": 0.01, "beta1": 0.9, "beta2": 0.99, "weight_decay": 0.1, "eps": 1e-8}
+    options |= {"amsgrad": True, "maximize": False, "grad_scale": torch.tensor(64.0)}
+    options |= {"found_inf": torch.tensor(found_inf)}
+    want = [[t.clone() for t in x] for x in (p, g, m, v, mx)]
+    torch._fused_adamw_(*want, steps, **options)
+    got = OPTIMIZER_DECOMPOSITIONS[torch.ops.aten._fused_adamw.default](
+        p, g, m, v, mx, steps, **options
+    )
+    for w, x in zip(want, got, strict=True):
+        torch.testing.assert_close(x[0], w[0], rtol=1e-6, atol=1e-7)
+    if found_inf:
+        torch.testing.assert_close(got[0][0], p[0], rtol=0, atol=0)
+
+
+def test_the_trainer_trains_on_the_device():
+    """transformers' Trainer on `neuron` (accelerate picks it from ACCELERATE_TORCH_DEVICE):
+    its default fused AdamW compiles, nothing falls back, and the loss is the CPU's."""
+    code = textwrap.dedent(
+        """
+        import os, torch
+        from torch.utils.data import Dataset
+        from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+        import neuroncc
+
+        class Data(Dataset):
+            def __len__(self):
+                return 4
+            def __getitem__(self, i):
+                ids = torch.randint(0, 64, (8,), generator=torch.Generator().manual_seed(i))
+                return {"input_ids": ids, "labels": ids}
+
+        torch.manual_seed(0)
+        config = LlamaConfig(hidden_size=32, intermediate_size=64, num_attention_heads=2,
+            num_key_value_heads=1, num_hidden_layers=1, vocab_size=64)
+        model = LlamaForCausalLM(config)
+        cpu = "ACCELERATE_TORCH_DEVICE" not in os.environ
+        args = TrainingArguments(output_dir=os.environ["OUT"], per_device_train_batch_size=2,
+            max_steps=2, report_to=[], save_strategy="no", use_cpu=cpu, disable_tqdm=True)
+        loss = Trainer(model=model, args=args, train_dataset=Data()).train().training_loss
+        assert next(model.parameters()).device.type == ("cpu" if cpu else "neuron")
+        s = neuroncc.stats()
+        assert s["fallback_nodes"] == {} and (s["eager_executions"] > 0) != cpu, s
+        print(loss)
+        """
+    )
+    losses = []
+    for device in ({}, {"ACCELERATE_TORCH_DEVICE": "neuron"}):
+        env = os.environ | {"PYTHONWARNINGS": "ignore"} | device
+        env.pop("ACCELERATE_TORCH_DEVICE", None) if not device else None
+        with tempfile.TemporaryDirectory() as out:
+            run = subprocess.run(
+                [sys.executable, "-c", code],
+                check=True,
+                capture_output=True,
+                text=True,
+                env=env | {"OUT": out},
+            )
+        losses.append(float(run.stdout.split()[-1]))
+    assert losses[1] == pytest.approx(losses[0], abs=1e-4)
 
 
 def test_mixing_devices_raises_pytorchs_error():
