@@ -289,6 +289,55 @@ def test_the_trainer_trains_on_the_device():
     assert losses[1] == pytest.approx(losses[0], abs=1e-4)
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_lora_fine_tuning_on_the_device_matches_cpu(compiled, fresh):
+    """PEFT's LoRA on a small Llama, on the device eagerly or through torch.compile: three
+    AdamW steps give the CPU's losses and adapter weights; the frozen base is untouched."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def make():
+        torch.manual_seed(0)
+        config = LlamaConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            num_hidden_layers=1,
+            vocab_size=64,
+        )
+        lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+        model = get_peft_model(LlamaForCausalLM(config), lora)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:  # (B starts at zero: make the adapters do something)
+                torch.nn.init.normal_(p, std=0.1)
+        return model
+
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+    runs = []
+    for device in ("cpu", "neuron"):
+        model = make().to(device)
+        step = torch.compile(model, backend="neuron") if compiled and device == "neuron" else model
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+        losses = []
+        for _ in range(3):
+            loss = step(ids.to(device), labels=ids.to(device)).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        runs.append((losses, {n: p.detach().cpu() for n, p in model.named_parameters()}))
+    (want, cpu), (got, dev) = runs
+    assert got == pytest.approx(want, abs=1e-4)
+    base = make()
+    for name, p in cpu.items():
+        torch.testing.assert_close(dev[name], p, rtol=1e-3, atol=1e-4)
+        if "lora_" not in name:
+            assert torch.equal(p, base.get_parameter(name).detach())
+    s = neuroncc.stats()
+    assert s["fallback_nodes"] == {} and (s["executions"] > 0) == compiled, s
+
+
 def test_mixing_devices_raises_pytorchs_error():
     x = torch.ones(3, 3, device="neuron")
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
