@@ -118,10 +118,21 @@ def test_q_made_in_the_backward_is_read_where_it_is_stored(fresh):
     assert sum(n.startswith("attention_backward.") for n in names) == 1, names
 
 
-def test_past_what_psum_holds_the_ops_run_apart(fresh):
-    """2048 keys of 64: a block's dP and a head's dK and dV would take 10 of the 8 banks."""
-    names = _names(_grads_agree(_attention(True), 1, 1, 64, 2048, 64))
-    assert not any(n.startswith("attention_backward.") for n in names), names
+@pytest.mark.parametrize(
+    ("fn", "shape"),
+    [
+        (_attention(True), (1, 2, 300, 2048, 64)),  # 10 of the 8 banks for every key at once
+        (_masked, (1, 1, 200, 1100, 128)),  # key blocks of 512, 512 and 76
+    ],
+)
+def test_past_what_psum_holds_the_keys_go_block_by_block(fresh, tmp_path, fn, shape):
+    """Note [key blocks]: where a query block's dP and a head's dK and dV do not fit PSUM
+    for every key at once, the kernel goes key block by key block, dQ summed in SBUF."""
+    names = _names(_grads_agree(fn, *shape, dump_dir=str(tmp_path)))
+    assert sum(n.startswith("attention_backward.") for n in names) == 1, names
+    (fused,) = tmp_path.glob("*_backward/03-fuse.txt")
+    (bp,) = backward_plans(parse(fused.read_text()), TRN2).values()
+    assert bp.accumulates_dq and bp.block_keys < shape[3], bp
 
 
 def test_softmax_written_out_still_matches(fresh):

@@ -9,9 +9,8 @@ softmax(scale * Q Kᵀ) into (dO the output's gradient, D one value per query ro
 
 Run op by op, the [rows, keys] tensors dP and dS go through HBM twice each and P once more
 for Pᵀ. The fuse pass groups the pattern (`match`, from the node dS = P * (dP - D)) and this
-kernel runs it per head, per 128-row query block, with a block's keys all at once
-(FlashAttention-2's backward with the key loop inside, as far as PSUM holds a block's dP and
-a head's dK and dV: 1536 keys at a head size of 64, `psum_banks`):
+kernel runs it per head, per key block (every key at once where PSUM holds a query block's
+dP and the keys' dK and dV, Note [key blocks]), per 128-row query block:
 - D on VectorE (a product and a row sum); dOᵀ transposed on TensorE; dP = dOᵀ.T Vᵀ in
   [rows, 512] PSUM banks; dS = (dP - D) on ScalarE as dP leaves PSUM, times P on VectorE;
 - dV += P[:, keys].T dO and dK += dS[:, keys].T Q for every 128-key tile: P and dS are
@@ -19,13 +18,24 @@ a head's dK and dV: 1536 keys at a head size of 64, `psum_banks`):
   stationary operands as they are, and the sums over the query blocks build up in PSUM;
 - dQ = dS K needs the keys on partitions: dS is transposed 128 keys at a time on TensorE and
   the products accumulate in PSUM.
-dQ leaves PSUM scaled and goes out per block, dK and dV once per head. Block i's dK, dSᵀ and
-dQ are issued after block i + 1's dOᵀ, dP and dV, so that TensorE does not wait for the
-Vector/Scalar work on dS. The scores' mask needs nothing here: masked keys have P = 0, hence
+dQ leaves PSUM scaled and goes out per query block, dK and dV once per key block. Step i's
+dK, dSᵀ and dQ are issued after step i + 1's dOᵀ, dP and dV, so that TensorE does not wait for
+the Vector/Scalar work on dS. The scores' mask needs nothing here: masked keys have P = 0, hence
 dS = 0. The kernel reads and writes each tensor once: GPT-2's block at 512 (12 heads of 64),
 the backward 1604 -> 1302 us, its attention part 473 -> 199 us and 85 -> 25 MB. Where dQ, dK
 and dV only feed the concat of the QKV projection's gradient, they are stored into it
 (Note [gradients in place], `_concat_of`): 1235 -> 1195 us.
+
+Note [key blocks]: FlashAttention-2's loop order, keys outside, queries inside. A key block's
+dK and dV accumulate in PSUM over the query blocks, so PSUM bounds its keys (`_fitted` takes
+the widest that fits: at a head size of 64, 1536 keys with two blocks' dP in flight; at 128,
+512), not the sequence. dQ of a query block is then a sum over the key blocks: the first
+block's product is copied to an fp32 tile of that query block's rows in SBUF, the others are
+added to it, the last one's leaves scaled (`accumulates_dq`: rows x D x 4 bytes per
+partition for a head's queries, 16 KiB at 4096 tokens and D 128). D = rowsum(dO * O) is made
+at the first key block and kept for the others. What a key block costs again is the loads of
+dO, Q and P's columns for each query block and dOᵀ's transpose: about 2 D of HBM per query
+row a key block, beside P's row of keys.
 
 The pattern is the one PyTorch's SDPA backward gives (math and flash forms decompose to it).
 Softmax written out in a model gives softmax's own backward, dS = P dP - P rowsum(P dP), and
@@ -88,17 +98,37 @@ class BackwardPlan:
     m: int
     n: int
     d: int
+    key_block: int = 0  # keys per key block (Note [key blocks]); 0: all n
     dp_sets: int = 2  # blocks whose dP are in PSUM at once
-    kv_sets: int = 2  # heads whose dK and dV accumulators are in PSUM at once
+    kv_sets: int = 2  # key blocks whose dK and dV accumulators are in PSUM at once
 
     @property
-    def key_tiles(self) -> list[tuple[int, int]]:
-        return [(k0, min(P, self.n - k0)) for k0 in range(0, self.n, P)]
+    def block_keys(self) -> int:
+        return self.key_block or self.n
 
-    def dp_chunks(self, t: Target) -> list[tuple[int, int]]:
-        """dP's [rows, <= 512] PSUM banks of a block."""
-        w = t.pe_moving_fmax
-        return [(c0, min(w, self.n - c0)) for c0 in range(0, self.n, w)]
+    @property
+    def key_blocks(self) -> list[tuple[int, int]]:
+        """(first key, keys) of each key block."""
+        kb = self.block_keys
+        return [(k0, min(kb, self.n - k0)) for k0 in range(0, self.n, kb)]
+
+    @property
+    def query_blocks(self) -> list[tuple[int, int]]:
+        return [(r0, min(P, self.m - r0)) for r0 in range(0, self.m, P)]
+
+    @property
+    def tiles_per_block(self) -> int:
+        return math.ceil(self.block_keys / P)
+
+    @property
+    def accumulates_dq(self) -> bool:
+        """dQ sums over several key blocks: its rows wait in SBUF for the last one."""
+        return len(self.key_blocks) > 1
+
+    def dp_chunks(self, t: Target, keys: int | None = None) -> list[tuple[int, int]]:
+        """dP's [rows, <= 512] PSUM banks of a key block of `keys` (the whole block's)."""
+        w, keys = t.pe_moving_fmax, keys or self.block_keys
+        return [(c0, min(w, keys - c0)) for c0 in range(0, keys, w)]
 
     def kv_slot(self) -> int:
         """PSUM bytes per partition of a [keys, D] dK or dV accumulator: a power of two, so
@@ -106,8 +136,8 @@ class BackwardPlan:
         return max(64, 1 << (4 * self.d - 1).bit_length())
 
     def kv_banks(self, t: Target) -> int:
-        """PSUM banks of one head's dK and dV."""
-        return math.ceil(2 * len(self.key_tiles) * self.kv_slot() / t.psum_bank_bytes)
+        """PSUM banks of one key block's dK and dV."""
+        return math.ceil(2 * self.tiles_per_block * self.kv_slot() / t.psum_bank_bytes)
 
     def psum_banks(self, t: Target) -> int:
         """dP's, dK's and dV's, one for dQ, one for the transposes."""
@@ -116,20 +146,24 @@ class BackwardPlan:
     def pools(self) -> dict[str, tuple[int, int]]:
         """The kernel's SBUF pools: name -> (bytes per partition of a slot, slots)."""
         it = self.p.type.dtype.itemsize
-        kt, d, n = len(self.key_tiles), self.d, self.n
-        return {
-            "k": (d * it, 2 * kt),  # two heads' K tiles, so the next head's load overlaps
-            "vt": (n * it, 2),
+        kt, d, kb = self.tiles_per_block, self.d, self.block_keys
+        query_blocks = len(self.query_blocks)
+        pools = {
+            "k": (d * it, 2 * kt),  # two key blocks' K tiles: the next one's load overlaps
+            "vt": (kb * it, 2),
             "rows": (d * it, 12),  # dO, O, Q blocks: two steps in flight, and one loading
             "prod": (d * 4, 2),
-            "d": (4, 4),
-            "p": (n * it, 3),
-            "ds": (n * it, 3),
+            "d": (4, query_blocks if self.accumulates_dq else 4),
+            "p": (kb * it, 3),
+            "ds": (kb * it, 3),
             "do_t": (P * it, 2),
             "ds_t": (P * it, 2 * kt),
             "dq": (d * it, 2),
             "dkv": (d * it, 4 * kt),
         }
+        if self.accumulates_dq:
+            pools["dq_sum"] = (d * 4, query_blocks)
+        return pools
 
     def sbuf_bytes(self) -> int:
         rounded = sum(-(-slot // ALIGN) * ALIGN * bufs for slot, bufs in self.pools().values())
@@ -330,13 +364,21 @@ def match(
         grads = [replace(gr, dst=_view_as(View.of(gr.out), gr.matmul.out)) for gr in grads]
     reads = (_read_from(x, members, users) for x in (p, d_out, o, v_t, k, q))
     base = BackwardPlan(*reads, *grads, frozenset(members), b, m, n, d)
-    if base.sbuf_bytes() > SBUF_SHARE * t.sbuf_partition_bytes:
-        return None
+    return _fitted(base, t)
+
+
+def _fitted(base: BackwardPlan, t: Target) -> BackwardPlan | None:
+    """base with the largest key block (Note [key blocks]) and the most overlap that fit
+    SBUF and PSUM: every key at once where it fits, as the kernel ran before key blocks."""
     banks = t.psum_partition_bytes // t.psum_bank_bytes
-    for dp_sets, kv_sets in ((2, 2), (1, 2), (1, 1)):  # overlap where PSUM allows
-        bp = replace(base, dp_sets=dp_sets, kv_sets=kv_sets)
-        if bp.psum_banks(t) <= banks:
-            return bp
+    wide = t.pe_moving_fmax
+    blocks = [0, *range(wide * (base.n // wide), 0, -wide), *range(wide - P, 0, -P)]
+    for key_block in dict.fromkeys(kb for kb in blocks if kb < base.n or kb == 0):
+        for dp_sets, kv_sets in ((2, 2), (1, 2), (1, 1)):  # overlap where PSUM allows
+            bp = replace(base, key_block=key_block, dp_sets=dp_sets, kv_sets=kv_sets)
+            fits = bp.sbuf_bytes() <= SBUF_SHARE * t.sbuf_partition_bytes
+            if fits and bp.psum_banks(t) <= banks:
+                return bp
     return None
 
 
