@@ -14,6 +14,7 @@ from torch._decomp import core_aten_decompositions
 from torch._decomp import decomposition_table as decomposition_table_torch
 
 from neuroncc.frontend import fx_import  # noqa: F401  (fills LOWERINGS)
+from neuroncc.frontend.decomp_attention import ATTENTION_DECOMPOSITIONS
 from neuroncc.frontend.decomp_conv import convolution_backward, convolution_transposed
 from neuroncc.frontend.decomp_optim import OPTIMIZER_DECOMPOSITIONS
 from neuroncc.frontend.decomp_special import SPECIAL_DECOMPOSITIONS
@@ -21,59 +22,6 @@ from neuroncc.frontend.decomp_transformer import TRANSFORMER_DECOMPOSITIONS
 from neuroncc.frontend.registry import LOWERINGS
 
 aten = torch.ops.aten
-
-
-def _flash_attention_cpu_backward(
-    grad_out, q, k, v, out, logsumexp, dropout_p, is_causal, *, attn_mask=None, scale=None
-):
-    """Gradients of p v with p = softmax(q k^T * scale + mask): the standard attention backward.
-
-    The core-ATen decomposition of the forward returns the probabilities p in the logsumexp slot
-    (same rank as q); the eager kernel returns a true logsumexp (one rank less). Both are handled.
-    Dropout cannot be replayed, so that case keeps the ATen op."""
-    if dropout_p:
-        return NotImplemented
-    dtype = q.dtype
-    q, k, v, grad_out, out = (t.float() for t in (q, k, v, grad_out, out))
-    # Grouped-query attention: each key/value head serves `groups` query heads.
-    groups = q.shape[-3] // k.shape[-3]
-    k, v = (_repeat_heads(t, groups) for t in (k, v))
-    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    if logsumexp.dim() == q.dim():
-        p = logsumexp.float()
-    else:
-        s = (q @ k.transpose(-2, -1)) * scale
-        if is_causal:
-            keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
-            s = s.masked_fill(~keep, float("-inf"))
-        if attn_mask is not None:
-            s = (
-                s.masked_fill(~attn_mask, float("-inf"))
-                if attn_mask.dtype == torch.bool
-                else s + attn_mask
-            )
-        p = torch.exp(s - logsumexp.unsqueeze(-1))
-    grad_v = p.transpose(-2, -1) @ grad_out
-    grad_p = grad_out @ v.transpose(-2, -1)
-    grad_s = p * (grad_p - (grad_out * out).sum(-1, keepdim=True))
-    grad_q = (grad_s @ k) * scale
-    grad_k = (grad_s.transpose(-2, -1) @ q) * scale
-    grad_k, grad_v = (_sum_heads(t, groups) for t in (grad_k, grad_v))
-    return grad_q.to(dtype), grad_k.to(dtype), grad_v.to(dtype)
-
-
-def _repeat_heads(t, groups: int):
-    if groups == 1:
-        return t
-    *batch, heads, n, e = t.shape
-    return t.unsqueeze(-3).expand(*batch, heads, groups, n, e).reshape(*batch, heads * groups, n, e)
-
-
-def _sum_heads(t, groups: int):
-    if groups == 1:
-        return t
-    *batch, heads, n, e = t.shape
-    return t.reshape(*batch, heads // groups, groups, n, e).sum(-3)
 
 
 def _pool_geometry(x, kernel, stride, padding):
@@ -376,9 +324,6 @@ def decomposition_table() -> dict:
     for op in _PYTORCH_EXTRAS:
         if op in decomposition_table_torch and op not in LOWERINGS:
             table[op] = decomposition_table_torch[op]
-    table[aten._scaled_dot_product_flash_attention_for_cpu_backward.default] = (
-        _flash_attention_cpu_backward
-    )
     table[aten.convolution.default] = convolution_transposed
     table[aten.convolution_backward.default] = convolution_backward
     table[aten.avg_pool2d.default] = _avg_pool2d
@@ -398,6 +343,7 @@ def decomposition_table() -> dict:
     table[aten.nonzero_static.default] = _nonzero_static
     table[aten.masked_scatter.default] = _masked_scatter
     table[aten.masked_scatter_backward.default] = _masked_scatter_backward
+    table.update(ATTENTION_DECOMPOSITIONS)
     table.update(SPECIAL_DECOMPOSITIONS)
     table.update(TRANSFORMER_DECOMPOSITIONS)
     table.update(OPTIMIZER_DECOMPOSITIONS)

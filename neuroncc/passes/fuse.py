@@ -35,8 +35,10 @@ class Fuse:
     def run(self, g: Graph, ctx: PassContext) -> Graph:
         users = g.users()
         outputs = {v.id for v in g.outputs}
-        nodes, attention = _attention_groups(list(g.nodes), users, outputs, ctx)
-        nodes, backward = _attention_backward_groups(nodes, g, attention, ctx)
+        # the backward first: its S = Q Kᵀ, P and dP = dO Vᵀ, dS and dQ = dS K look like
+        # forward attention (Note [P recomputed])
+        nodes, backward = _attention_backward_groups(list(g.nodes), g, {}, ctx)
+        nodes, attention = _attention_groups(nodes, users, outputs, ctx, backward)
         attention |= backward
         nodes = _epilogues_together(nodes, attention)
         kernels: list[tuple[int, ...]] = []
@@ -132,12 +134,12 @@ def _epilogue_input(n: Node) -> bool:
 
 
 def _attention_groups(
-    nodes: list[Node], users: dict, outputs: set[int], ctx: PassContext
+    nodes: list[Node], users: dict, outputs: set[int], ctx: PassContext, taken: dict
 ) -> tuple[list[Node], dict[int, tuple[int, ...]]]:
     """Attention kernels: each matmul with the nodes up to the next matmul, where
     `attention_plan` accepts them. Reshapes of values made before the group (V, the mask)
-    move ahead of it so the group is consecutive. Returns the new node order and, for every
-    node in a group, the group's ids."""
+    move ahead of it so the group is consecutive; nodes of kernels `taken` stay theirs.
+    Returns the new node order and, for every node in a group, the group's ids."""
     groups: dict[int, tuple[int, ...]] = {}
     i = 0
     while i < len(nodes):
@@ -154,7 +156,9 @@ def _attention_groups(
                 hoisted.append(n)
                 span.discard(n.out.id)
         kept = [n for n in nodes[i : j + 1] if n.out.id in span]
-        if attention_plan(kept, users, outputs, ctx.target) is None:
+        if any(n.out.id in taken for n in kept) or (
+            attention_plan(kept, users, outputs, ctx.target) is None
+        ):
             i += 1
             continue
         nodes[i : j + 1] = [*hoisted, *kept]

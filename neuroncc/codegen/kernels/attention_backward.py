@@ -59,6 +59,8 @@ from dataclasses import dataclass, replace
 
 from neuroncc.codegen.executable.builder import ALIGN
 from neuroncc.codegen.hardware.targets import Target
+from neuroncc.codegen.kernels import attention_recompute as recompute
+from neuroncc.codegen.kernels.attention_recompute import Recompute
 from neuroncc.codegen.kernels.emit import P
 from neuroncc.codegen.kernels.views import View, reshape_strides, strided_view, unread_chain_nodes
 from neuroncc.ir.graph import Graph, Node, Value
@@ -84,7 +86,7 @@ class Gradient:
 @dataclass(frozen=True)
 class BackwardPlan:
     # the inputs, as the kernel reads them (Note [inputs at the boundary])
-    p: Value  # the softmax probabilities [B.., M, N] (saved by the forward)
+    p: Value  # the softmax probabilities [B.., M, N] (saved by the forward, or `recompute`)
     d_out: Value  # dO [B.., M, D]
     o: Value  # the forward's output O [B.., M, D]
     v_t: Value  # Vᵀ [B.., D, N]
@@ -99,6 +101,7 @@ class BackwardPlan:
     n: int
     d: int
     key_block: int = 0  # keys per key block (Note [key blocks]); 0: all n
+    recompute: Recompute | None = None  # P made in the kernel (Note [P recomputed])
     dp_sets: int = 2  # blocks whose dP are in PSUM at once
     kv_sets: int = 2  # key blocks whose dK and dV accumulators are in PSUM at once
 
@@ -141,7 +144,9 @@ class BackwardPlan:
 
     def psum_banks(self, t: Target) -> int:
         """dP's, dK's and dV's, one for dQ, one for the transposes."""
-        return self.dp_sets * len(self.dp_chunks(t)) + self.kv_sets * self.kv_banks(t) + 2
+        scores = len(self.dp_chunks(t)) if self.recompute else 0  # a step's S
+        return (self.dp_sets * len(self.dp_chunks(t)) + scores + self.kv_sets * self.kv_banks(t)
+                + 2)  # fmt: skip
 
     def pools(self) -> dict[str, tuple[int, int]]:
         """The kernel's SBUF pools: name -> (bytes per partition of a slot, slots)."""
@@ -149,7 +154,7 @@ class BackwardPlan:
         kt, d, kb = self.tiles_per_block, self.d, self.block_keys
         query_blocks = len(self.query_blocks)
         pools = {
-            "k": (d * it, 2 * kt),  # two key blocks' K tiles: the next one's load overlaps
+            "k": (d * it, 3 * kt),  # the key blocks of three steps (Note [backward pipeline])
             "vt": (kb * it, 2),
             "rows": (d * it, 12),  # dO, O, Q blocks: two steps in flight, and one loading
             "prod": (d * 4, 2),
@@ -163,11 +168,29 @@ class BackwardPlan:
         }
         if self.accumulates_dq:
             pools["dq_sum"] = (d * 4, query_blocks)
+        if self.recompute:  # P comes from the row group's pools, S and Qᵀ and Kᵀ are made
+            del pools["p"]
+            qd = self.recompute.q.type.dtype.itemsize
+            pools |= {"q_t": (P * qd, 2), "k_t": (kb * qd, 2), "s": (kb * 4, 2)}
+            if not self.reads_q_once:
+                pools["q_s"] = (d * qd, 4)
         return pools
+
+    @property
+    def reads_q_once(self) -> bool:
+        """The scores read the Q rows that dK = dSᵀ Q reads (Note [P recomputed])."""
+        return self.recompute is None or self.recompute.q.id == self.q.id
+
+    def inputs(self) -> list[Value]:
+        """What the kernel reads from HBM (beside the recomputation's row group's inputs)."""
+        rc = self.recompute
+        p = [x for x in (rc.q, rc.k_t) if x is not None] if rc else [self.p]
+        return [*p, self.d_out, self.o, self.v_t, self.k, self.q]
 
     def sbuf_bytes(self) -> int:
         rounded = sum(-(-slot // ALIGN) * ALIGN * bufs for slot, bufs in self.pools().values())
-        return rounded + 2 * P * (self.p.type.dtype.itemsize + 4)  # the transposes' identity
+        rows = self.recompute.sbuf_bytes(self.block_keys) if self.recompute else 0
+        return rounded + rows + 2 * P * (self.p.type.dtype.itemsize + 4)  # (the identity)
 
 
 def _source(v: Value, producers: dict[int, Node]) -> Value:
@@ -287,6 +310,9 @@ def match(
     mt.members.add(ds.out.id)
     sub = mt.made_by(mt.src(sub_side), Op.SUB)
     p = mt.src(p_side)
+    rc = recompute.find(p, producers, users, outputs, t, P)  # (_fitted: the widest)
+    if rc is not None:
+        mt.members |= rc.members
     dp = mt.made_by(mt.src(sub.inputs[0]), Op.MATMUL)
     bcast = mt.made_by(sub.inputs[1], Op.BROADCAST)
     if dp is None or bcast is None:
@@ -340,6 +366,8 @@ def match(
     shapes[q.id] = (m, d)
     b, dtype = math.prod(batch), p.type.dtype
     for x in (p, d_out, o, v_t, k, q):
+        if x is p and rc is not None:
+            continue
         if x.type.shape[-2:] != shapes[x.id] or x.type.numel != b * math.prod(shapes[x.id]):
             return None
         if x.type.dtype != dtype or x.id in mt.members:
@@ -363,7 +391,12 @@ def match(
     else:
         grads = [replace(gr, dst=_view_as(View.of(gr.out), gr.matmul.out)) for gr in grads]
     reads = (_read_from(x, members, users) for x in (p, d_out, o, v_t, k, q))
-    base = BackwardPlan(*reads, *grads, frozenset(members), b, m, n, d)
+    if rc is not None:  # what the kernel reads of Q and Kᵀ for S
+        q_s, k_t = (_read_from(x, members, users) for x in (rc.scores.inputs))
+        if _transposed_k(rc.k_t, k, producers, users, members) and q_s.type.dtype == k.type.dtype:
+            k_t = None  # Kᵀ of the K tiles it loads, on chip
+        rc = replace(rc, q=q_s, k_t=k_t)
+    base = BackwardPlan(*reads, *grads, frozenset(members), b, m, n, d, recompute=rc)
     return _fitted(base, t)
 
 
@@ -380,6 +413,29 @@ def _fitted(base: BackwardPlan, t: Target) -> BackwardPlan | None:
             if fits and bp.psum_banks(t) <= banks:
                 return bp
     return None
+
+
+def _transposed_k(k_t: Value, k: Value, producers: dict, users: dict, members: set[int]) -> bool:
+    """Whether k_t is K transposed (through reshapes that keep its matrices) and only the
+    kernel reads what makes it from K: then those nodes join `members`."""
+    chain, v = [], k_t
+    while v.id in producers and producers[v.id].op is Op.RESHAPE:
+        x = producers[v.id]
+        if x.inputs[0].type.shape[-2:] != v.type.shape[-2:]:
+            break
+        chain.append(x)
+        v = x.inputs[0]
+    made = producers.get(v.id)
+    if made is None or not _swaps_last_two(made):
+        return False
+    if _source(made.inputs[0], producers).id != k.id:
+        return False
+    chain.append(made)
+    ids = {x.out.id for x in chain}
+    if not all(u.out.id in members | ids for x in chain for u in users[x.out.id]):
+        return False
+    members |= ids
+    return True
 
 
 def _view_as(v: View | None, x: Value) -> View | None:
@@ -496,7 +552,7 @@ def backward_plans(g: Graph, t: Target) -> dict[int, BackwardPlan]:
     plans = {}
     producers, users, outputs = g.producers(), g.users(), {v.id for v in g.outputs}
     for group in g.kernel_groups():
-        if sum(n.op is Op.MATMUL for n in group) != 4:
+        if sum(n.op is Op.MATMUL for n in group) not in (4, 5):  # (5: Note [P recomputed])
             continue
         ids = {n.out.id for n in group}
         for n in group:
@@ -521,7 +577,7 @@ def fold_backward_views(
     chains: set[int] = set()
     readers: dict[int, frozenset[int]] = {}  # input id -> the kernel's nodes
     for bp in plans:
-        for x in (bp.p, bp.d_out, bp.o, bp.v_t, bp.k, bp.q):
+        for x in bp.inputs():
             view, chain = strided_view(x, producers, in_kernels)
             if chain and view.strides[-1] == 1:
                 views[x.id] = view

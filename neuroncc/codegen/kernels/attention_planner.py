@@ -47,7 +47,7 @@ class AttentionPlan:
     aliases: tuple[tuple[int, int], ...] = ()  # row values taken as an input (RowKernel)
     # (the division P was, the row value it divided by): the output rows are divided instead
     deferred: tuple[int, int] | None = None
-    elided: frozenset[int] = frozenset()  # nodes of the group not emitted (_mask_as_select)
+    elided: frozenset[int] = frozenset()  # nodes of the group not emitted (mask_as_select)
     # selects -> per query block, leading keys where they pass their input through (dead_keys)
     true_prefix: tuple[tuple[int, tuple[int, ...]], ...] = ()
     # inputs of the row group made on chip: id -> (base, pstep, fstep) (Note [generated masks])
@@ -108,8 +108,8 @@ def attention_plan(
         if vid in outputs or any(u.out.id not in inside for u in users[vid]):
             return None  # the scores, or a reshape of P, read outside: they would need HBM
     rows = [x for x in middle if x.out.id not in s_ids | p_chain]
-    rows, elided = _mask_as_select(rows, users, outputs)
-    given, evac = s_ids, _evacuation_op(rows, s_ids, users)
+    rows, elided = mask_as_select(rows, users, outputs)
+    given, evac = s_ids, evacuation_op(rows, s_ids, users)
     if evac is not None and (
         evac[0].out.id in outputs or any(u.out.id not in inside for u in users[evac[0].out.id])
     ):
@@ -142,7 +142,7 @@ def attention_plan(
     return None
 
 
-def _mask_as_select(
+def mask_as_select(
     rows: Sequence[Node], users: dict, outputs: set[int]
 ) -> tuple[list[Node], frozenset[int]]:
     """Note [dead keys]: x + where(c, 0, -inf), an additive mask made from its condition, as
@@ -177,7 +177,7 @@ def _mask_as_select(
     return [x for x in out if x.out.id not in elided], frozenset(elided)
 
 
-def _evacuation_op(rows: Sequence[Node], s_ids: set[int], users: dict) -> tuple[Node, float] | None:
+def evacuation_op(rows: Sequence[Node], s_ids: set[int], users: dict) -> tuple[Node, float] | None:
     """The scores' only reader, if it is `scores <mul|add> constant` (the softmax scale): the
     copy out of PSUM applies it (tensor_scalar), one pass over the scores fewer."""
     readers = {u.out.id: u for vid in s_ids for u in users[vid] if u.out.id not in s_ids}

@@ -28,7 +28,7 @@ query block's leading keys (the causal mask left of the diagonal) runs on the ot
 Skipping assumes the (scaled) scores and v are finite, as FlashAttention's causal skipping
 does: a nan or inf in a skipped key no longer reaches the rows before it. Under the same
 assumption the kernel applies an additive mask `x + where(c, 0, -inf)` as `where(c, x, -inf)`
-(attention_planner._mask_as_select), a masked score being -inf whatever it was.
+(attention_planner.mask_as_select), a masked score being -inf whatever it was.
 
 Note [generated masks]: a boolean constant the row group reads that is, in every batch, one
 side of a diagonal line, `c[i, j] = (base + pstep * i + fstep * j >= 0)` with (pstep, fstep)

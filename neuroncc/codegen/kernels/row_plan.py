@@ -110,10 +110,14 @@ _AS = {
 
 
 def plan(
-    nodes: Sequence[Node], target: Target, sig: tuple[tuple[int, ...], int] | None = None
+    nodes: Sequence[Node],
+    target: Target,
+    sig: tuple[tuple[int, ...], int] | None = None,
+    step_cols: int | None = None,
 ) -> RowPlan | None:
     """The row plan of a candidate group, or None if codegen cannot emit it as one kernel.
-    `sig` (full shape, k) is taken from the first node unless given."""
+    `sig` (full shape, k) is taken from the first node unless given; `step_cols`: steps
+    walk rows that many columns at a time (else a whole row each)."""
     if not nodes or not all(fusible(n) for n in nodes):
         return None
     sig = sig or _signature(nodes[0])
@@ -194,7 +198,7 @@ def plan(
     if flat:
         rows, cols = row_view(rows * cols)
     p = RowPlan(full, k, rows, cols, kind, flat)
-    if sbuf_bytes(nodes, p) > SBUF_SHARE * target.sbuf_partition_bytes:
+    if sbuf_bytes(nodes, p, step_cols=step_cols) > SBUF_SHARE * target.sbuf_partition_bytes:
         return None
     return p
 

@@ -1,0 +1,126 @@
+"""Scaled dot-product attention as the graph neuroncc compiles: the forward and backward of
+PyTorch's CPU flash-attention op, written with matmuls and a softmax the fuse pass makes
+into the attention kernels (Note [attention kernel], Note [attention backward]).
+
+Note [attention saves its logsumexp]: `_scaled_dot_product_flash_attention_for_cpu` returns
+the output and the rows' logsumexp, and its backward recomputes the probabilities P from Q,
+K and that logsumexp, as FlashAttention does. PyTorch's core-ATen decomposition of the
+forward returns P in the logsumexp slot instead, so a training forward saved P for the
+backward: [heads, queries, keys] per layer, 1 GiB at 32 heads and 4096 tokens in bf16, past
+a NeuronCore's HBM after a dozen layers, where Trainium's flash-attention kernels keep the
+logsumexp (one value per query row). Here the forward computes the op's own logsumexp and
+the backward recomputes P from it: what the backward saves grows with the tokens, not with
+their square.
+
+Rows with every key masked: the forward gives 0, as PyTorch's safe softmax does, and their
+logsumexp is +inf, so that the recomputed P, exp(s - lse), is 0 there too (eager's kernel
+has -inf, which its own backward never meets in a form that matters).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+aten = torch.ops.aten
+
+
+def flash_attention_cpu(
+    query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None
+):
+    """(output, logsumexp) of softmax(q kᵀ * scale + mask) v, computed in fp32 as PyTorch's
+    math kernel computes it (the scale split between q and k, the mask added, a safe
+    softmax), its output laid out as the flash kernel's (see PyTorch's decomposition)."""
+    if dropout_p:
+        return NotImplemented
+    dtype = query.dtype
+    q, k, v = (_widen(t) for t in (query, key, value))
+    groups = q.shape[-3] // k.shape[-3]
+    k, v = (_repeat_heads(t, groups) for t in (k, v))
+    root = math.sqrt(scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
+    mask = _additive_mask(q, k, is_causal, attn_mask)  # made first: the fuse pass groups
+    s = (q * root) @ (k.transpose(-2, -1) * root)  # what lies between the two matmuls
+    if mask is not None:
+        s = s + mask
+    out = (aten._safe_softmax.default(s, -1) @ v).to(dtype)
+    # the softmax's own max and sum (the same nodes, after CSE)
+    top = s.amax(-1, keepdim=True)
+    total = torch.exp(s - top).sum(-1, keepdim=True)
+    none = top == float("-inf")  # every key masked: P is 0 there (_safe_softmax)
+    lse = torch.where(none, float("inf"), top + torch.log(total)).squeeze(-1)
+    # the flash kernel's output strides ([L, N, H, E] in memory), as PyTorch's decomposition
+    out = out.permute(2, 0, 1, 3).contiguous(memory_format=torch.contiguous_format)
+    return out.permute(1, 2, 0, 3), lse
+
+
+def flash_attention_cpu_backward(
+    grad_out, q, k, v, out, logsumexp, dropout_p, is_causal, *, attn_mask=None, scale=None
+):
+    """Gradients of p v with p = softmax(q kᵀ * scale + mask) = exp(s - logsumexp): the
+    standard attention backward, P recomputed (Note [attention saves its logsumexp]).
+
+    A logsumexp of q's rank is P itself, as PyTorch's core-ATen decomposition of the
+    forward returns it (a graph traced elsewhere): then it is used as it is. Dropout cannot
+    be replayed, so that case keeps the ATen op."""
+    if dropout_p:
+        return NotImplemented
+    dtype = q.dtype
+    q, k, v, grad_out, out = (_widen(t) for t in (q, k, v, grad_out, out))
+    groups = q.shape[-3] // k.shape[-3]
+    k, v = (_repeat_heads(t, groups) for t in (k, v))
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    if logsumexp.dim() == q.dim():
+        p = logsumexp.float()
+    else:
+        mask = _additive_mask(q, k, is_causal, attn_mask)
+        s = (q @ k.transpose(-2, -1)) * scale
+        if mask is not None:
+            s = s + mask
+        p = torch.exp(s - logsumexp.unsqueeze(-1))
+    grad_v = p.transpose(-2, -1) @ grad_out
+    grad_p = grad_out @ v.transpose(-2, -1)
+    grad_s = p * (grad_p - (grad_out * out).sum(-1, keepdim=True))
+    grad_q = (grad_s @ k) * scale
+    grad_k = (grad_s.transpose(-2, -1) @ q) * scale
+    grad_k, grad_v = (_sum_heads(t, groups) for t in (grad_k, grad_v))
+    return grad_q.to(dtype), grad_k.to(dtype), grad_v.to(dtype)
+
+
+def _widen(t):
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
+def _additive_mask(q, k, is_causal: bool, attn_mask):
+    """The mask as PyTorch's math kernel adds it: causal as a lower-triangular boolean, a
+    boolean mask as 0 / -inf, a float mask as it is; None without one."""
+    if is_causal:
+        shape = (q.shape[-2], k.shape[-2])
+        attn_mask = torch.ones(shape, dtype=torch.bool, device=q.device).tril()
+    if attn_mask is None:
+        return None
+    if attn_mask.dtype == torch.bool:
+        return torch.where(attn_mask, 0.0, float("-inf"))
+    return attn_mask.to(q.dtype)
+
+
+def _repeat_heads(t, groups: int):
+    if groups == 1:
+        return t
+    *batch, heads, n, e = t.shape
+    return t.unsqueeze(-3).expand(*batch, heads, groups, n, e).reshape(*batch, heads * groups, n, e)
+
+
+def _sum_heads(t, groups: int):
+    if groups == 1:
+        return t
+    *batch, heads, n, e = t.shape
+    return t.reshape(*batch, heads // groups, groups, n, e).sum(-3)
+
+
+ATTENTION_DECOMPOSITIONS = {
+    aten._scaled_dot_product_flash_attention_for_cpu.default: flash_attention_cpu,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default: (
+        flash_attention_cpu_backward
+    ),
+}
