@@ -81,12 +81,18 @@ def _emit(
         if ap is None:
             raise CodegenError("the fuse pass formed an attention group codegen rejects")
         attention[first] = with_key_facts(g, ap, analysed)
-    backward = backward_plans(g, target)
+    backward = backward_plans(g, target, analysed)
     ctx.views, skipped = fold_operand_views(g, list(attention.values()))
     backward_views, backward_skipped = fold_backward_views(g, backward.values())
     ctx.views |= backward_views
     skipped |= backward_skipped
-    unneeded = _made_on_chip(g, attention, skipped)
+    generated = {first: {v for v, _ in ap.generated} for first, ap in attention.items()}
+    generated |= {
+        first: {v for v, _ in bp.recompute.generated}
+        for first, bp in backward.items()
+        if bp.recompute is not None
+    }
+    unneeded = _made_on_chip(g, generated, skipped)
     ctx.row_slices = rows_read_in_place(g)
     ctx.col_slices = cols_read_in_place(g)
     ctx.merged_heads = merged_heads(g)
@@ -143,19 +149,20 @@ def _emit(
     return ctx.b.finish(inputs, outputs)
 
 
-def _made_on_chip(g: Graph, attention: dict[int, AttentionPlan], skipped: set[int]) -> set[int]:
+def _made_on_chip(g: Graph, generated: dict[int, set[int]], skipped: set[int]) -> set[int]:
     """Note [generated masks]: the nodes of kernels (fused groups or single nodes) whose values
-    are read only by attention kernels that make them on chip, or by other such kernels: they
-    are not emitted. Kernels read in place (`skipped`) are not among them."""
+    are read only by attention kernels that make them on chip (`generated`: a kernel's first
+    node -> the values it makes), or by other such kernels: they are not emitted. Kernels read
+    in place (`skipped`) are not among them."""
     outputs, users = {v.id for v in g.outputs}, g.users()
     units = [tuple(ids) for ids in g.kernels]
     grouped = {vid for ids in units for vid in ids}
     units += [(n.out.id,) for n in g.nodes if n.out.id not in grouped]
     unit_of = {vid: u for u, ids in enumerate(units) for vid in ids}
     made_by: dict[int, set[int]] = {}  # node of an attention kernel -> what it makes itself
-    for first, ap in attention.items():
+    for first, made in generated.items():
         for vid in units[unit_of[first]]:
-            made_by[vid] = {v for v, _ in ap.generated}
+            made_by[vid] = made
     dead: set[int] = set()
 
     def unread(vid: int, u: int) -> bool:

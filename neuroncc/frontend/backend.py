@@ -30,6 +30,7 @@ from neuroncc.frontend.compile import (
     stage_snapshots,
 )
 from neuroncc.frontend.complex_pairs import to_pairs
+from neuroncc.frontend.decomp_attention import flash_attention_calls
 from neuroncc.frontend.decomp_grouped_mm import add_library_ops
 from neuroncc.frontend.decompositions import DECOMPOSITIONS
 from neuroncc.frontend.dump import dump_graph, write_run_summary_at_exit
@@ -434,6 +435,7 @@ def _aot(
         for kind in ("forward", "backward", "inference")
     }
     add_library_ops(DECOMPOSITIONS)
+    flash_attention_calls(gm)  # Note [one attention op]
     backend = aot_autograd(
         fw_compiler=compilers["forward"],
         bw_compiler=compilers["backward"],

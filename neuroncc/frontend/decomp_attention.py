@@ -2,6 +2,13 @@
 PyTorch's CPU flash-attention op, written with matmuls and a softmax the fuse pass makes
 into the attention kernels (Note [attention kernel], Note [attention backward]).
 
+Note [one attention op]: `F.scaled_dot_product_attention` picks its kernel by device when it
+is traced: on CPU tensors the flash-attention op (whose backward is its own), on meta tensors
+(timing_only estimates) and on the `neuron` device the math form, which AOTAutograd
+differentiates op by op, saving P. `flash_attention_calls` rewrites the Dynamo graph's SDPA
+calls to the flash op wherever it computes the same thing (no dropout, 4-D), so every device
+compiles one form.
+
 Note [attention saves its logsumexp]: `_scaled_dot_product_flash_attention_for_cpu` returns
 the output and the rows' logsumexp, and its backward recomputes the probabilities P from Q,
 K and that logsumexp, as FlashAttention does. PyTorch's core-ATen decomposition of the
@@ -43,12 +50,13 @@ def flash_attention_cpu(
     s = (q * root) @ (k.transpose(-2, -1) * root)  # what lies between the two matmuls
     if mask is not None:
         s = s + mask
-    out = (aten._safe_softmax.default(s, -1) @ v).to(dtype)
-    # the softmax's own max and sum (the same nodes, after CSE)
+    # the softmax's own max and sum (the same nodes, after CSE), and the logsumexp made
+    # before P V: the fuse pass puts what lies between the matmuls in the attention kernel
     top = s.amax(-1, keepdim=True)
     total = torch.exp(s - top).sum(-1, keepdim=True)
     none = top == float("-inf")  # every key masked: P is 0 there (_safe_softmax)
     lse = torch.where(none, float("inf"), top + torch.log(total)).squeeze(-1)
+    out = (aten._safe_softmax.default(s, -1) @ v).to(dtype)
     # the flash kernel's output strides ([L, N, H, E] in memory), as PyTorch's decomposition
     out = out.permute(2, 0, 1, 3).contiguous(memory_format=torch.contiguous_format)
     return out.permute(1, 2, 0, 3), lse
@@ -73,11 +81,7 @@ def flash_attention_cpu_backward(
     if logsumexp.dim() == q.dim():
         p = logsumexp.float()
     else:
-        mask = _additive_mask(q, k, is_causal, attn_mask)
-        s = (q @ k.transpose(-2, -1)) * scale
-        if mask is not None:
-            s = s + mask
-        p = torch.exp(s - logsumexp.unsqueeze(-1))
+        p = _probabilities(q, k, scale, logsumexp.unsqueeze(-1), is_causal, attn_mask)
     grad_v = p.transpose(-2, -1) @ grad_out
     grad_p = grad_out @ v.transpose(-2, -1)
     grad_s = p * (grad_p - (grad_out * out).sum(-1, keepdim=True))
@@ -85,6 +89,21 @@ def flash_attention_cpu_backward(
     grad_k = (grad_s.transpose(-2, -1) @ q) * scale
     grad_k, grad_v = (_sum_heads(t, groups) for t in (grad_k, grad_v))
     return grad_q.to(dtype), grad_k.to(dtype), grad_v.to(dtype)
+
+
+def _probabilities(q, k, scale: float, lse, is_causal: bool, attn_mask):
+    """P = exp(q kᵀ * scale + mask - lse). A boolean mask selects -inf where it is false
+    after the logsumexp is taken off, so P is exactly 0 there whatever the logsumexp: what
+    the backward kernel's dead-key analysis needs to skip those keys (Note [dead keys])."""
+    if is_causal:
+        shape = (q.shape[-2], k.shape[-2])
+        attn_mask = torch.ones(shape, dtype=torch.bool, device=q.device).tril()
+    s = (q @ k.transpose(-2, -1)) * scale
+    if attn_mask is None:
+        return torch.exp(s - lse)
+    if attn_mask.dtype == torch.bool:
+        return torch.exp(torch.where(attn_mask, s - lse, float("-inf")))
+    return torch.exp(s + attn_mask.to(q.dtype) - lse)
 
 
 def _widen(t):
@@ -124,3 +143,38 @@ ATTENTION_DECOMPOSITIONS = {
         flash_attention_cpu_backward
     ),
 }
+
+
+def flash_attention_calls(gm: torch.fx.GraphModule) -> int:
+    """Note [one attention op]: the graph's SDPA calls as the flash op; how many."""
+    count = 0
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is _SDPA:
+            node.target = _flash_sdpa
+            count += 1
+    if count:
+        gm.recompile()
+    return count
+
+
+_SDPA = torch._C._nn.scaled_dot_product_attention
+
+
+def _flash_sdpa(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+    enable_gqa=False,
+):  # fmt: skip
+    """F.scaled_dot_product_attention, through the flash op where that computes the same."""
+    plain = (dropout_p == 0.0 and query.dim() == key.dim() == value.dim() == 4
+             and key.shape[-3] == value.shape[-3] and query.shape[-3] % key.shape[-3] == 0
+             and query.shape[-1] == key.shape[-1] == value.shape[-1])  # fmt: skip
+    if not plain or (key.shape[-3] != query.shape[-3] and not enable_gqa):
+        return _SDPA(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+                     enable_gqa=enable_gqa)  # fmt: skip
+    if key.shape[-3] != query.shape[-3]:
+        groups = query.shape[-3] // key.shape[-3]
+        key, value = (t.repeat_interleave(groups, dim=-3) for t in (key, value))
+    out, _ = aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale
+    )
+    return out

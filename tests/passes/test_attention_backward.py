@@ -123,6 +123,9 @@ def test_q_made_in_the_backward_is_read_where_it_is_stored(fresh):
     [
         (_attention(True), (1, 2, 300, 2048, 64)),  # 10 of the 8 banks for every key at once
         (_masked, (1, 1, 200, 1100, 128)),  # key blocks of 512, 512 and 76
+        # causal from the top left: keys past the last query row reach no query, their dK
+        # and dV are the zero tile's, and most key blocks have no step for most query blocks
+        (_attention(True), (1, 2, 130, 1700, 64)),
     ],
 )
 def test_past_what_psum_holds_the_keys_go_block_by_block(fresh, tmp_path, fn, shape):
@@ -313,3 +316,32 @@ def test_the_gradients_go_straight_into_the_qkv_gradient(fresh):
     # dO is read out of the projection's input gradient through its head split (no transpose
     # kernel for it); the one left merges the saved O's heads for the weight gradient.
     assert sum(n.startswith("transpose.") for n in names) == 1, names
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_training_saves_the_logsumexp_not_p(fresh, tmp_path, device):
+    """Note [attention saves its logsumexp], Note [one attention op]: on CPU tensors and on
+    meta tensors (timing_only estimates, where SDPA takes its math form) the forward hands
+    the backward one value per query row, never [queries, keys]."""
+    m = n = 256
+    q, k, v = (torch.randn(1, 2, m, 32, device=device, requires_grad=True) for _ in range(3))
+    opts = {"dump_dir": str(tmp_path), "timing_only": device == "meta"}
+    torch.compile(_attention(True), backend="neuron", options=opts)(q, k, v).sum().backward()
+    (bwd,) = tmp_path.glob("*_backward/03-fuse.txt")
+    g = parse(bwd.read_text())
+    assert not [x for x in g.inputs if x.type.shape[-2:] == (m, n)], g.inputs
+    assert any(x.type.shape[-2:] == (m, 1) for x in g.inputs), g.inputs  # the logsumexp
+    assert len(backward_plans(g, TRN2)) == 1
+
+
+def test_causal_keys_are_skipped(fresh):
+    """Note [dead keys] in the backward: a causal mask's zero P is not computed with, so the
+    kernel issues about half the matmuls of the same attention without a mask."""
+
+    def matmuls(causal: bool) -> int:
+        kernels = _grads_agree(_attention(causal), 1, 2, 512, 512, 64)
+        ((kernel, exe),) = [(k, e) for k, e in kernels if k.name.startswith("attention_b")]
+        run = exe.instructions[kernel.start : kernel.stop]
+        return sum(isinstance(ins, isa.Matmul) and not ins.transpose for ins in run)
+
+    assert matmuls(True) < 0.7 * matmuls(False)

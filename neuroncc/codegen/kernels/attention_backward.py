@@ -546,9 +546,10 @@ def _data_readers(v: Value, mt: _Matcher) -> list[tuple[Node, Value]]:
     return found
 
 
-def backward_plans(g: Graph, t: Target) -> dict[int, BackwardPlan]:
+def backward_plans(g: Graph, t: Target, memo=None) -> dict[int, BackwardPlan]:
     """For each fused kernel of g that is an attention backward (the fuse pass's
-    `match`): its first node's id -> its plan."""
+    `match`): its first node's id -> its plan; given a `memo` (dead_keys.Memo, shared with
+    the forward kernels'), with its recomputation's key facts (codegen needs them)."""
     plans = {}
     producers, users, outputs = g.producers(), g.users(), {v.id for v in g.outputs}
     for group in g.kernel_groups():
@@ -558,9 +559,17 @@ def backward_plans(g: Graph, t: Target) -> dict[int, BackwardPlan]:
         for n in group:
             bp = match(n, producers, users, outputs, t) if n.op is Op.MUL else None
             if bp is not None and bp.members == ids:
-                plans[group[0].out.id] = bp
+                plans[group[0].out.id] = _with_key_facts(g, bp, memo)
                 break
     return plans
+
+
+def _with_key_facts(g: Graph, bp: BackwardPlan, memo) -> BackwardPlan:
+    if bp.recompute is None or memo is None:
+        return bp
+    blocks = [(bi, r0, rp) for bi in range(bp.batch) for r0, rp in bp.query_blocks]
+    rc = recompute.with_key_facts(g, bp.recompute, bp.p.id, blocks, bp.m, memo)
+    return replace(bp, recompute=rc)
 
 
 def fold_backward_views(

@@ -17,12 +17,15 @@ they read.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from neuroncc.codegen.hardware.targets import Target
+from neuroncc.codegen.kernels import dead_keys
 from neuroncc.codegen.kernels.attention_planner import evacuation_op, mask_as_select
+from neuroncc.codegen.kernels.emit import P
+from neuroncc.codegen.kernels.emit_fused import generated_values
 from neuroncc.codegen.kernels.row_plan import RowPlan, fusible, plan, sbuf_bytes
-from neuroncc.ir.graph import Node, Value
+from neuroncc.ir.graph import Graph, Node, Value
 from neuroncc.ir.ops import Op
 
 
@@ -37,6 +40,13 @@ class Recompute:
     given: frozenset[int]  # what the kernel hands the row group: S, or `evac`'s result
     evac: tuple[str, float] | None  # (op, constant) applied as S leaves PSUM
     members: frozenset[int]  # every node of it: the kernel's
+    # what the row group proves (with_key_facts, Note [dead keys]): keys each query block
+    # must compute (None: all), selects settled (value -> the input it is), masks made on chip
+    live: tuple[int, ...] | None = None
+    aliases: tuple[tuple[int, int], ...] = ()
+    generated: tuple[tuple[int, tuple[int, int, int]], ...] = ()
+    # selects -> per query block, leading keys where they pass their input through
+    true_prefix: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
     def sbuf_bytes(self, step_cols: int) -> int:
         return sbuf_bytes(self.rows, self.row_plan, 2, step_cols)
@@ -114,3 +124,23 @@ def _row_class(shape: tuple[int, ...], full: tuple[int, ...]) -> str | None:
     if shape in (lead + (1,), lead):
         return "row"
     return None
+
+
+def with_key_facts(
+    g: Graph, rc: Recompute, p_id: int, blocks: list[tuple[int, int, int]], m: int, memo
+) -> Recompute:
+    """rc refined by what its row group proves (Note [dead keys]) for the query blocks
+    (batch, first row, rows): the keys each must compute (a causal mask's zeros of P are
+    skipped, with everything computed from them: S, dP, dS and their products), the
+    selects settled, and the masks made on chip (Note [generated masks])."""
+    n = rc.row_plan.cols
+    facts = dead_keys.analyse(g, rc.rows, sorted(rc.given), p_id, blocks, m, n, P, memo)
+    generated = tuple(
+        (vid, form)
+        for vid, form in sorted(facts.affine.items())
+        if rc.row_plan.kind.get(vid) in ("full", "period")
+        and generated_values(rc.rows, {vid: form}) is not None
+    )
+    aliases = tuple(sorted(facts.settled.items()))
+    prefix = tuple(sorted(facts.true_prefix.items()))
+    return replace(rc, live=facts.live, aliases=aliases, generated=generated, true_prefix=prefix)

@@ -413,6 +413,8 @@ def _analyse(g, rows, given, p_id, blocks, m, n, tile) -> KeyFacts:
     prefixes = {}
     for vid, surely in a.surely.items():
         shape = next(x.out.type.shape for x in rows if x.out.id == vid)
+        if shape[-1:] != (n,) or n == 1:
+            continue  # a select of one value per row (the logsumexp's): no keys to skip
         true = _rows(surely, shape, m, n)
         seen: dict[tuple[int, int, int], int] = {}  # a mask broadcast over heads: once per rows
         prefix = []
