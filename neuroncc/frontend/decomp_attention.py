@@ -95,9 +95,7 @@ def _probabilities(q, k, scale: float, lse, is_causal: bool, attn_mask):
     """P = exp(q kᵀ * scale + mask - lse). A boolean mask selects -inf where it is false
     after the logsumexp is taken off, so P is exactly 0 there whatever the logsumexp: what
     the backward kernel's dead-key analysis needs to skip those keys (Note [dead keys])."""
-    if is_causal:
-        shape = (q.shape[-2], k.shape[-2])
-        attn_mask = torch.ones(shape, dtype=torch.bool, device=q.device).tril()
+    attn_mask = _causal(q, k) if is_causal else attn_mask
     s = (q @ k.transpose(-2, -1)) * scale
     if attn_mask is None:
         return torch.exp(s - lse)
@@ -113,14 +111,18 @@ def _widen(t):
 def _additive_mask(q, k, is_causal: bool, attn_mask):
     """The mask as PyTorch's math kernel adds it: causal as a lower-triangular boolean, a
     boolean mask as 0 / -inf, a float mask as it is; None without one."""
-    if is_causal:
-        shape = (q.shape[-2], k.shape[-2])
-        attn_mask = torch.ones(shape, dtype=torch.bool, device=q.device).tril()
+    attn_mask = _causal(q, k) if is_causal else attn_mask
     if attn_mask is None:
         return None
     if attn_mask.dtype == torch.bool:
         return torch.where(attn_mask, 0.0, float("-inf"))
     return attn_mask.to(q.dtype)
+
+
+def _causal(q, k):
+    """The causal mask as PyTorch's math kernel makes it: lower-triangular from the top left."""
+    shape = (q.shape[-2], k.shape[-2])
+    return torch.ones(shape, dtype=torch.bool, device=q.device).tril()
 
 
 def _repeat_heads(t, groups: int):
@@ -164,10 +166,14 @@ def _flash_sdpa(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
     enable_gqa=False,
 ):  # fmt: skip
-    """F.scaled_dot_product_attention, through the flash op where that computes the same."""
+    """F.scaled_dot_product_attention, through the flash op where that computes the same;
+    anything else (dropout, other ranks, a mask beside is_causal, ...) as SDPA has it."""
     plain = (dropout_p == 0.0 and query.dim() == key.dim() == value.dim() == 4
              and key.shape[-3] == value.shape[-3] and query.shape[-3] % key.shape[-3] == 0
-             and query.shape[-1] == key.shape[-1] == value.shape[-1])  # fmt: skip
+             and query.shape[-1] == key.shape[-1] == value.shape[-1]
+             and (attn_mask is None or (not is_causal
+                                        and attn_mask.dtype in (torch.bool, query.dtype)))
+             and query.dtype == key.dtype == value.dtype)  # fmt: skip
     if not plain or (key.shape[-3] != query.shape[-3] and not enable_gqa):
         return _SDPA(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
                      enable_gqa=enable_gqa)  # fmt: skip

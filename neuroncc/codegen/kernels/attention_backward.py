@@ -24,7 +24,7 @@ the Vector/Scalar work on dS. The scores' mask needs nothing here: masked keys h
 dS = 0. The kernel reads and writes each tensor once: GPT-2's block at 512 (12 heads of 64),
 the backward 1604 -> 1302 us, its attention part 473 -> 199 us and 85 -> 25 MB. Where dQ, dK
 and dV only feed the concat of the QKV projection's gradient, they are stored into it
-(Note [gradients in place], `_concat_of`): 1235 -> 1195 us.
+(Note [gradients in place], attention_gradients.py): 1235 -> 1195 us.
 
 Note [key blocks]: FlashAttention-2's loop order, keys outside, queries inside. A key block's
 dK and dV accumulate in PSUM over the query blocks, so PSUM bounds its keys (`_fitted` takes
@@ -60,27 +60,15 @@ from dataclasses import dataclass, replace
 from neuroncc.codegen.executable.builder import ALIGN
 from neuroncc.codegen.hardware.targets import Target
 from neuroncc.codegen.kernels import attention_recompute as recompute
+from neuroncc.codegen.kernels.attention_gradients import Gradient, concat_of, view_as
 from neuroncc.codegen.kernels.attention_recompute import Recompute
 from neuroncc.codegen.kernels.emit import P
-from neuroncc.codegen.kernels.views import View, reshape_strides, strided_view, unread_chain_nodes
+from neuroncc.codegen.kernels.views import View, strided_view, unread_chain_nodes
 from neuroncc.ir.graph import Graph, Node, Value
 from neuroncc.ir.ops import Op
-from neuroncc.ir.types import DType, contiguous_strides
+from neuroncc.ir.types import DType
 
 SBUF_SHARE = 0.85  # of a partition, for the whole kernel
-
-
-@dataclass(frozen=True)
-class Gradient:
-    """One of dQ, dK, dV: its matmul, the value the kernel computes (the matmul's result or its
-    reshape / constant multiple), that constant, and where it is stored: the matmul's
-    [B.., rows, D] as a view of `out`, or of the concat the kernel makes (Note [gradients in
-    place])."""
-
-    matmul: Node
-    out: Value
-    scale: float
-    dst: View | None = None
 
 
 @dataclass(frozen=True)
@@ -172,6 +160,7 @@ class BackwardPlan:
             del pools["p"]
             qd = self.recompute.q.type.dtype.itemsize
             pools |= {"q_t": (P * qd, 2), "k_t": (kb * qd, 2), "s": (kb * 4, 2)}
+            pools["zeros"] = (d * it, 1)  # dK and dV of keys no query reaches (dead keys)
             if not self.reads_q_once:
                 pools["q_s"] = (d * qd, 4)
         return pools
@@ -384,12 +373,12 @@ def match(
     members = mt.closed(stored)
     if members is None:
         return None
-    concat = _concat_of(grads, producers, users, mt.outputs)
+    concat = concat_of(grads, producers, users, mt.outputs)
     if concat is not None:  # (Note [gradients in place])
         grads, chain = concat
         members |= chain
     else:
-        grads = [replace(gr, dst=_view_as(View.of(gr.out), gr.matmul.out)) for gr in grads]
+        grads = [replace(gr, dst=view_as(View.of(gr.out), gr.matmul.out)) for gr in grads]
     reads = (_read_from(x, members, users) for x in (p, d_out, o, v_t, k, q))
     if rc is not None:  # what the kernel reads of Q and Kᵀ for S
         q_s, k_t = (_read_from(x, members, users) for x in (rc.scores.inputs))
@@ -436,72 +425,6 @@ def _transposed_k(k_t: Value, k: Value, producers: dict, users: dict, members: s
         return False
     members |= ids
     return True
-
-
-def _view_as(v: View | None, x: Value) -> View | None:
-    """v, a view of the same elements as x row-major, indexed over x's shape."""
-    strides = v and reshape_strides(v.shape, v.strides, x.type.shape)
-    return None if strides is None else View(v.base, v.offset, x.type.shape, strides)
-
-
-def _concat_of(
-    grads: list[Gradient], producers: dict[int, Node], users: dict, outputs: set[int]
-) -> tuple[list[Gradient], set[int]] | None:
-    """Note [gradients in place]: in a backward, dQ, dK and dV each go through a head merge
-    (a transpose and a reshape) into one concat, the QKV projection's output gradient. Where
-    nothing else reads them, the kernel stores them straight into the concat's regions: no
-    concat kernel, and 3 x [B, S, D] of HBM traffic fewer each way. Returns the gradients with
-    their regions as `dst`, and the nodes from them to the concat (it included); None if
-    they do not all go to one concat that takes nothing else."""
-    concat: Node | None = None
-    ends, chain = {}, set()
-    for gr in grads:
-        v, nodes = gr.out, []
-        while v.id not in outputs and len(users[v.id]) == 1:
-            (u,) = users[v.id]
-            if u.op is Op.CONCAT:
-                concat = concat or u
-                if u is not concat:
-                    return None
-                break
-            if u.op not in (Op.RESHAPE, Op.TRANSPOSE):
-                return None
-            nodes.append(u)
-            v = u.out
-        else:
-            return None
-        ends[v.id] = (gr, nodes)
-        chain.update(x.out.id for x in nodes)
-    if (
-        concat is None
-        or len({x.id for x in concat.inputs}) != 3
-        or set(ends) != {x.id for x in concat.inputs}
-    ):
-        return None
-    axis, out_strides = concat.attr("axis"), contiguous_strides(concat.out.type.shape)
-    placed, start = [], 0
-    for x in concat.inputs:
-        gr, nodes = ends[x.id]
-        view: View | None = View(concat.out, start * out_strides[axis], x.type.shape, out_strides)
-        for node in reversed(nodes):  # back from the concat's input to the gradient
-            if view is None:
-                return None
-            if node.op is Op.RESHAPE:
-                view = _view_as(view, node.inputs[0])
-            else:
-                perm = tuple(node.attr("perm"))
-                strides = [0] * len(perm)
-                for i, pi in enumerate(perm):
-                    strides[pi] = view.strides[i]
-                view = View(concat.out, view.offset, node.inputs[0].type.shape, tuple(strides))
-        dst = _view_as(view, gr.matmul.out)
-        if dst is None:
-            return None
-        placed.append(replace(gr, dst=dst))
-        start += x.type.shape[axis]
-    order = {id(gr.matmul): i for i, gr in enumerate(grads)}
-    placed.sort(key=lambda gr: order[id(gr.matmul)])
-    return placed, chain | {concat.out.id}
 
 
 def _read_from(x: Value, members: set[int], users: dict) -> Value:

@@ -73,6 +73,29 @@ class _Backward:
                 self.out_bufs[gr.dst.base.id] = ctx.alloc(gr.dst.base)
         self.pools = {name: b.sbuf_pool(slot, bufs) for name, (slot, bufs) in bp.pools().items()}
         self.transpose = PeTransposer(ctx, dt, engine="act")
+        self._psum_pools()
+        self.rc = rc = bp.recompute
+        if rc is not None:  # Note [P recomputed]
+            self.qdt = rc.q.type.dtype
+            self.s_psum = b.psum_pool(bufs=len(bp.dp_chunks(t)))
+            self.transpose_q = self.transpose
+            if self.qdt != dt:
+                self.transpose_q = PeTransposer(ctx, self.qdt, engine="act")
+            keep = bp.sbuf_bytes() - rc.sbuf_bytes(bp.block_keys)
+            self.rows = RowKernel(
+                ctx, rc.rows, rc.row_plan, bp.block_keys, bp.n,
+                inside=bp.members, reserve=keep, rounds=2, aliases=dict(rc.aliases),
+                generated={vid: (*form, bp.m) for vid, form in rc.generated},
+            )  # fmt: skip
+        self.zeros: isa.TileRef | None = None  # dK and dV of keys no query reaches
+        self.blocks: dict[tuple[int, int], _Block] = {}
+        self.row_sums: dict[int, isa.TileRef] = {}  # query block -> D, shared by key blocks
+        self.dq_sums: dict[int, isa.TileRef] = {}  # query block -> dQ of the key blocks so far
+        self.state: dict[Step, dict[str, isa.TileRef]] = {}
+
+    def _psum_pools(self) -> None:
+        """dP's banks, dK's and dV's accumulators, dQ's (the plan's psum_banks)."""
+        b, t, bp = self.b, self.t, self.bp
         self.dp_psum = b.psum_pool(bufs=bp.dp_sets * len(bp.dp_chunks(t)))
         kv_banks = b.psum_pool(bufs=bp.kv_sets * bp.kv_banks(t))
         kv_slots = kv_banks.bufs * t.psum_bank_bytes // bp.kv_slot()
@@ -80,23 +103,6 @@ class _Backward:
         dq_bank = b.psum_pool(bufs=1)
         dq_slot = -(-self.d * 4 // 64) * 64
         self.dq_psum = b.carve("psum", dq_bank.base, dq_slot, bufs=t.psum_bank_bytes // dq_slot)
-        self.rc = rc = bp.recompute
-        if rc is not None:  # Note [P recomputed]
-            self.qdt = qdt = rc.q.type.dtype
-            self.s_psum = b.psum_pool(bufs=len(bp.dp_chunks(t)))
-            self.transpose_q = self.transpose
-            if qdt != dt:
-                self.transpose_q = PeTransposer(ctx, qdt, engine="act")
-            keep = bp.sbuf_bytes() - rc.sbuf_bytes(bp.block_keys)
-            self.rows = RowKernel(
-                ctx, rc.rows, rc.row_plan, bp.block_keys, bp.n,
-                inside=bp.members, reserve=keep, rounds=2, aliases=dict(rc.aliases),
-                generated={vid: (*form, bp.m) for vid, form in rc.generated},
-            )  # fmt: skip
-        self.blocks: dict[tuple[int, int], _Block] = {}
-        self.row_sums: dict[int, isa.TileRef] = {}  # query block -> D, shared by key blocks
-        self.dq_sums: dict[int, isa.TileRef] = {}  # query block -> dQ of the key blocks so far
-        self.state: dict[Step, dict[str, isa.TileRef]] = {}
 
     # -- HBM ---------------------------------------------------------------------------------
     def load(self, dst: isa.TileRef, x: Value, bi: int, r0: int, rows: int, c0: int = 0) -> None:
@@ -171,10 +177,8 @@ class _Backward:
         """dK and dV of the key tiles of head bi: zeros (no live key reaches them)."""
         if not tiles:
             return
-        if not hasattr(self, "zeros"):
-            self.zeros = self.b.sbuf_pool(self.d * self.dt.itemsize, bufs=1).tile(
-                P, (self.d,), self.dt
-            )
+        if self.zeros is None:
+            self.zeros = self.pools["zeros"].tile(P, (self.d,), self.dt)
             self.b.emit(isa.Memset("pool", dst=self.zeros, value=0.0))
         for x, xw in tiles:
             for gr in (self.bp.dk, self.bp.dv):
