@@ -19,6 +19,7 @@ import torch
 from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
 from torch._dynamo.backends.common import aot_autograd
 
+from neuroncc.codegen.hardware.targets import get_target
 from neuroncc.errors import NeuronccError, NeuronccInternalError, UnsupportedError, internal_error
 from neuroncc.frontend import failures, recording
 from neuroncc.frontend.compile import (
@@ -30,7 +31,11 @@ from neuroncc.frontend.compile import (
     stage_snapshots,
 )
 from neuroncc.frontend.complex_pairs import to_pairs
-from neuroncc.frontend.decomp_attention import flash_attention_calls
+from neuroncc.frontend.decomp_attention import (
+    flash_attention_calls,
+    flash_attention_cpu,
+    key_chunk_for,
+)
 from neuroncc.frontend.decomp_grouped_mm import add_library_ops
 from neuroncc.frontend.decompositions import DECOMPOSITIONS
 from neuroncc.frontend.dump import dump_graph, write_run_summary_at_exit
@@ -417,6 +422,15 @@ _PASS_THROUGH = (
 )
 
 
+def _decompositions(target: str) -> dict:
+    """The decomposition table for `target`: attention's forward takes its keys in chunks
+    the target's attention kernel fits (Note [keys in chunks]). Made per compile, after
+    add_library_ops has added what transformers registered."""
+    chunk = key_chunk_for(get_target(target).sbuf_partition_bytes)
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    return DECOMPOSITIONS | {flash: functools.partial(flash_attention_cpu, key_chunk=chunk)}
+
+
 def _aot(
     gm: torch.fx.GraphModule,
     example_inputs: list,
@@ -440,7 +454,7 @@ def _aot(
         fw_compiler=compilers["forward"],
         bw_compiler=compilers["backward"],
         inference_compiler=compilers["inference"],
-        decompositions=DECOMPOSITIONS,
+        decompositions=_decompositions(opts.target),
         partition_fn=min_cut_rematerialization_partition,
     )
     try:

@@ -19,6 +19,14 @@ logsumexp (one value per query row). Here the forward computes the op's own logs
 the backward recomputes P from it: what the backward saves grows with the tokens, not with
 their square.
 
+Note [keys in chunks]: the forward attention kernel keeps a block's whole row of scores on
+chip, which bounds its keys (2048 on trn2 and trn3 in training, 1024 on trn1: the SBUF per
+partition). Past that, the forward takes the keys in chunks the kernel fits, each an attention
+kernel of its own, and combines their outputs by their row maxima and sums (`_in_chunks`),
+so the scores never go to HBM: 2 x [rows, D] of fp32 per chunk do, and a few row values.
+The backward needs no chunks (Note [key blocks]). `key_chunk` is the target's
+(`key_chunk_for`), passed in by the backend's per-target decomposition table.
+
 Rows with every key masked: the forward gives 0, as PyTorch's safe softmax does, and their
 logsumexp is +inf, so that the recomputed P, exp(s - lse), is 0 there too (eager's kernel
 has -inf, which its own backward never meets in a form that matters).
@@ -34,11 +42,13 @@ aten = torch.ops.aten
 
 
 def flash_attention_cpu(
-    query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None
-):
+    query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None,
+    key_chunk=None,
+):  # fmt: skip
     """(output, logsumexp) of softmax(q kᵀ * scale + mask) v, computed in fp32 as PyTorch's
     math kernel computes it (the scale split between q and k, the mask added, a safe
-    softmax), its output laid out as the flash kernel's (see PyTorch's decomposition)."""
+    softmax), its output laid out as the flash kernel's (see PyTorch's decomposition). Past
+    `key_chunk` keys, chunk by chunk (Note [keys in chunks])."""
     if dropout_p:
         return NotImplemented
     dtype = query.dtype
@@ -47,6 +57,9 @@ def flash_attention_cpu(
     k, v = (_repeat_heads(t, groups) for t in (k, v))
     root = math.sqrt(scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
     mask = _additive_mask(q, k, is_causal, attn_mask)  # made first: the fuse pass groups
+    if key_chunk is not None and k.shape[-2] > key_chunk:
+        out, lse = _in_chunks(q * root, k * root, v, mask, key_chunk)
+        return _flash_layout(out.to(dtype)), lse
     s = (q * root) @ (k.transpose(-2, -1) * root)  # what lies between the two matmuls
     if mask is not None:
         s = s + mask
@@ -57,9 +70,47 @@ def flash_attention_cpu(
     none = top == float("-inf")  # every key masked: P is 0 there (_safe_softmax)
     lse = torch.where(none, float("inf"), top + torch.log(total)).squeeze(-1)
     out = (aten._safe_softmax.default(s, -1) @ v).to(dtype)
-    # the flash kernel's output strides ([L, N, H, E] in memory), as PyTorch's decomposition
+    return _flash_layout(out), lse
+
+
+def _flash_layout(out):
+    """out with the flash kernel's strides ([L, N, H, E] in memory), as PyTorch's
+    decomposition lays it out."""
     out = out.permute(2, 0, 1, 3).contiguous(memory_format=torch.contiguous_format)
-    return out.permute(1, 2, 0, 3), lse
+    return out.permute(1, 2, 0, 3)
+
+
+def _in_chunks(q, k, v, mask, chunk: int):
+    """Note [keys in chunks]: attention over the keys `chunk` at a time, each chunk one
+    attention kernel giving its rows' unnormalised output o_c = e_c v_c, their max m_c and
+    their sum l_c (e_c = exp(s_c - m_c), with m_c taken as 0 where every key of the chunk is
+    masked, so e_c, l_c and o_c are 0 there), combined as FlashAttention's split-KV
+    combination: with M = max_c m_c, out = sum_c exp(m_c - M) o_c / sum_c exp(m_c - M) l_c
+    and lse = M + log(sum_c exp(m_c - M) l_c). q and k carry the scale."""
+    n = k.shape[-2]
+    parts = []
+    for c0 in range(0, n, chunk):
+        kc, vc = k[..., c0 : c0 + chunk, :], v[..., c0 : c0 + chunk, :]
+        mc = None if mask is None else mask[..., c0 : c0 + chunk]  # (made before the matmul)
+        s = q @ kc.transpose(-2, -1)
+        if mc is not None:
+            s = s + mc
+        top = s.amax(-1, keepdim=True)
+        top = torch.where(top == float("-inf"), 0.0, top)
+        e = torch.exp(s - top)
+        parts.append((top, e.sum(-1, keepdim=True), e @ vc))
+    best = parts[0][0]
+    for top, _, _ in parts[1:]:
+        best = torch.maximum(best, top)
+    total = out = None
+    for top, rows, o in parts:
+        w = torch.exp(top - best)
+        total = w * rows if total is None else total + w * rows
+        out = w * o if out is None else out + w * o
+    none = total == 0.0  # every key masked: 0, and a logsumexp of +inf (see above)
+    out = torch.where(none, 0.0, out / total)
+    lse = torch.where(none, float("inf"), best + torch.log(total)).squeeze(-1)
+    return out, lse
 
 
 def flash_attention_cpu_backward(
@@ -184,3 +235,9 @@ def _flash_sdpa(
         query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale
     )
     return out
+
+
+def key_chunk_for(sbuf_partition_bytes: int) -> int:
+    """Note [keys in chunks]: the keys a chunk of the forward takes on a core with this much
+    SBUF per partition (tests/passes/test_attention.py checks that chunks fuse)."""
+    return 2048 if sbuf_partition_bytes >= 224 * 1024 else 1024

@@ -1,7 +1,8 @@
 """Attention as one kernel (Note [attention kernel]): scores and probabilities stay on chip.
 Differential against eager PyTorch through torch.compile, including shapes that exercise
 partial query blocks, several PSUM banks of scores and the pipeline across heads; golden IR
-of the fuse pass; the training graph (P saved for backward); and the kernel's HBM traffic."""
+of the fuse pass; the training graph (the logsumexp saved for backward); key rows longer than
+the kernel holds, in chunks; and the kernel's HBM traffic."""
 
 import pytest
 import torch
@@ -11,10 +12,11 @@ from hypothesis import strategies as st
 
 import neuroncc
 from neuroncc.codegen.hardware import isa
-from neuroncc.codegen.hardware.targets import TRN1, TRN2
+from neuroncc.codegen.hardware.targets import TRN1, TRN2, get_target
 from neuroncc.codegen.kernels.attention_planner import attention_plans, loads_ahead, with_key_facts
 from neuroncc.codegen.kernels.dead_keys import Memo as KeyFactsMemo
 from neuroncc.codegen.lower import emit_graph
+from neuroncc.frontend.decomp_attention import key_chunk_for
 from neuroncc.ir import parse, print_graph
 from neuroncc.passes.fuse import Fuse
 from neuroncc.passes.manager import PassContext
@@ -96,9 +98,9 @@ def test_opt_levels_agree_and_scores_stay_on_chip(fresh):
 
 
 def test_attention_training_matches_eager(fresh):
-    """Forward and backward: the forward graph saves P for backward, so the kernel also
-    stores it; the gradients still agree. The backward's P^T and dS^T are folded into the
-    matmuls that read them (simplify's `_unit_dims_first`): no transpose kernel of scores."""
+    """Forward and backward: the forward kernel stores the rows' logsumexp for the backward
+    (Note [attention saves its logsumexp]); the gradients agree. The backward's Pᵀ and dSᵀ
+    are made inside its kernel: no transpose kernel of scores."""
     q, k, v = (x.requires_grad_() for x in _qkv(1, 2, 64, 64, 16))
     fn = torch.compile(
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), backend="neuron"
@@ -121,9 +123,9 @@ def test_attention_training_matches_eager(fresh):
     assert backward and not [n for n in backward if n.startswith("transpose.")], backward
 
 
-def test_bf16_training_saves_normalised_probabilities(fresh):
-    """A bf16 training forward saves P as a bf16 copy made from the division: the output rows
-    must not take the division over (deferred normalisation), or the copy holds e, not P."""
+def test_bf16_training_matches_eager(fresh):
+    """A bf16 training step: the forward's deferred normalisation and its logsumexp, the
+    backward's recomputed P, against eager's."""
     q, k, v = (x.requires_grad_() for x in _qkv(1, 2, 128, 128, 32, dtype=torch.bfloat16))
 
     def fn(q, k, v):
@@ -330,3 +332,29 @@ def test_layers_sharing_a_mask_each_make_their_own(fresh, tmp_path):
     assert len(shared) == 3 and len(memo.facts) == 1
     assert shared == [with_key_facts(g, ap) for ap in aps]
     assert all(ap.live is not None for ap in shared)  # causal: each skips its dead keys
+
+
+@pytest.mark.parametrize(("target", "causal", "m"), [("trn2", True, None), ("trn1", False, 200)])
+def test_long_key_rows_go_in_chunks(fresh, target, causal, m):
+    """Note [keys in chunks]: past the keys the kernel holds, the forward is one attention
+    kernel per chunk of keys, combined by their row maxima and sums; the output and the
+    gradients (the backward takes every key, Note [key blocks]) agree with eager's."""
+    n = 2 * key_chunk_for(get_target(target).sbuf_partition_bytes) + 100
+    q, k, v = (x.requires_grad_() for x in _qkv(1, 2, m or n, n, 16))
+
+    def fn(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    got = torch.compile(fn, backend="neuron", options={"target": target})(q, k, v)
+    grad = torch.randn_like(got)
+    got.backward(grad)
+    grads = [x.grad.clone() for x in (q, k, v)]
+    for x in (q, k, v):
+        x.grad = None
+    want = fn(q, k, v)
+    want.backward(grad)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+    for got_grad, want_grad in zip(grads, (q.grad, k.grad, v.grad), strict=True):
+        torch.testing.assert_close(got_grad, want_grad, atol=1e-4, rtol=1e-3)
+    forward = [k.name for n, c in STATS.executed().items() if "forward" in n for k in c.exe.kernels]
+    assert sum(name.startswith("attention.") for name in forward) == 3, forward
