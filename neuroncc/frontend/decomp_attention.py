@@ -91,7 +91,9 @@ def _in_chunks(q, k, v, mask, chunk: int):
     parts = []
     for c0 in range(0, n, chunk):
         kc, vc = k[..., c0 : c0 + chunk, :], v[..., c0 : c0 + chunk, :]
-        mc = None if mask is None else mask[..., c0 : c0 + chunk]  # (made before the matmul)
+        mc = mask  # (made before the matmul); one broadcast over the keys stays as it is
+        if mask is not None and mask.shape[-1] != 1:
+            mc = mask[..., c0 : c0 + chunk]
         s = q @ kc.transpose(-2, -1)
         if mc is not None:
             s = s + mc

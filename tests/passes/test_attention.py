@@ -358,3 +358,17 @@ def test_long_key_rows_go_in_chunks(fresh, target, causal, m):
         torch.testing.assert_close(got_grad, want_grad, atol=1e-4, rtol=1e-3)
     forward = [k.name for n, c in STATS.executed().items() if "forward" in n for k in c.exe.kernels]
     assert sum(name.startswith("attention.") for name in forward) == 3, forward
+
+
+@pytest.mark.parametrize("mask_shape", [(64, 1), (64, 2100), (2, 64, 2100)])
+def test_chunks_slice_the_mask_with_the_keys(fresh, mask_shape):
+    """Note [keys in chunks]: each chunk adds its keys' part of a float mask; a mask that
+    broadcasts over the keys is added whole to every chunk (such a mask, one value per query
+    row, is not taken into the attention kernel, chunked or not: only checked for values)."""
+    q, k, v = _qkv(1, 2, 64, 2100, 16)
+    mask = torch.randn(mask_shape, generator=torch.Generator().manual_seed(5))
+    names = _compile_and_check(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask), [q, k, v]
+    )
+    if mask_shape[-1] != 1:
+        assert sum(n.startswith("attention.") for n in names) == 2, names
