@@ -37,7 +37,7 @@ class Fuse:
         outputs = {v.id for v in g.outputs}
         # the backward first: its S = Q Kᵀ, P and dP = dO Vᵀ, dS and dQ = dS K look like
         # forward attention (Note [P recomputed])
-        nodes, backward = _attention_backward_groups(list(g.nodes), g, {}, ctx)
+        nodes, backward = _attention_backward_groups(list(g.nodes), g, ctx)
         nodes, attention = _attention_groups(nodes, users, outputs, ctx, backward)
         attention |= backward
         nodes = _epilogues_together(nodes, attention)
@@ -169,7 +169,7 @@ def _attention_groups(
 
 
 def _attention_backward_groups(
-    nodes: list[Node], g: Graph, attention: dict, ctx: PassContext
+    nodes: list[Node], g: Graph, ctx: PassContext
 ) -> tuple[list[Node], dict[int, tuple[int, ...]]]:
     """Attention backward kernels (Note [attention backward]), each found from its dS node;
     their nodes are brought together (`_contiguous`). Returns the new node order and, for
@@ -177,12 +177,12 @@ def _attention_backward_groups(
     groups: dict[int, tuple[int, ...]] = {}
     producers, users, outputs = g.producers(), g.users(), {v.id for v in g.outputs}
     for n in g.nodes:
-        if n.op is not Op.MUL or n.out.id in groups or n.out.id in attention:
+        if n.op is not Op.MUL or n.out.id in groups:
             continue
         bp = match(n, producers, users, outputs, ctx.target)
-        if bp is None or any(vid in groups or vid in attention for vid in bp.members):
+        if bp is None or any(vid in groups for vid in bp.members):
             continue
-        order = _contiguous(nodes, bp.members, {*groups, *attention})
+        order = _contiguous(nodes, bp.members, set(groups))
         if order is None:
             continue
         nodes = order

@@ -24,7 +24,7 @@ from neuroncc.codegen.kernels import dead_keys
 from neuroncc.codegen.kernels.attention_planner import evacuation_op, mask_as_select
 from neuroncc.codegen.kernels.emit import P
 from neuroncc.codegen.kernels.emit_fused import generated_values
-from neuroncc.codegen.kernels.row_plan import RowPlan, fusible, plan, sbuf_bytes
+from neuroncc.codegen.kernels.row_plan import RowPlan, classify, fusible, plan, sbuf_bytes
 from neuroncc.ir.graph import Graph, Node, Value
 from neuroncc.ir.ops import Op
 
@@ -36,7 +36,6 @@ class Recompute:
     k_t: Value | None  # [B.., D, N]; None: transposed on chip from the kernel's K tiles
     rows: tuple[Node, ...]  # the row group from S (or S scaled) to P, as RowKernel runs it
     row_plan: RowPlan
-    s_ids: frozenset[int]  # S and its reshapes: the same [rows, keys] data
     given: frozenset[int]  # what the kernel hands the row group: S, or `evac`'s result
     evac: tuple[str, float] | None  # (op, constant) applied as S leaves PSUM
     members: frozenset[int]  # every node of it: the kernel's
@@ -62,9 +61,6 @@ def find(
     *batch, m, n = p.type.shape
     full = tuple(p.type.shape)
 
-    def row_shaped(v: Value) -> bool:
-        return _row_class(v.type.shape, full) is not None
-
     inside: dict[int, Node] = {}
     scores: list[Node] = []
     stack = [p]
@@ -76,7 +72,7 @@ def find(
         if x.op is Op.MATMUL and x.out.type.numel == math.prod(full) and x.out.type.shape[-1] == n:
             scores.append(x)
         elif fusible(x) and x.op not in (Op.REDUCE_SUM, Op.REDUCE_MAX, Op.REDUCE_MIN):
-            if not row_shaped(x.out):
+            if classify(x.out.type.shape, full, 1) not in ("full", "row"):
                 continue  # a kernel input (a mask made elsewhere, period-shaped)
             inside[x.out.id] = x
             stack.extend(x.inputs)
@@ -110,20 +106,8 @@ def find(
         return None
     evac_op = (evac[0].op.value, evac[1]) if evac else None
     return Recompute(
-        mm, q, k_t, tuple(rows), rp, frozenset(s_ids), frozenset(given), evac_op,
-        frozenset(member_ids),
+        mm, q, k_t, tuple(rows), rp, frozenset(given), evac_op, frozenset(member_ids),
     )  # fmt: skip
-
-
-def _row_class(shape: tuple[int, ...], full: tuple[int, ...]) -> str | None:
-    """Whether a value of `shape` is laid out as the rows of P (row_plan's classes a node of
-    the group may compute: full or row)."""
-    lead = full[:-1]
-    if shape == full or (shape[-1:] == full[-1:] and math.prod(shape) == math.prod(full)):
-        return "full"
-    if shape in (lead + (1,), lead):
-        return "row"
-    return None
 
 
 def with_key_facts(

@@ -120,11 +120,14 @@ class _Backward:
         self.b.dma(isa.DramRef(self.out_bufs[v.base.id], off, self.dt, pattern), src)
 
     # -- the steps ---------------------------------------------------------------------------
+    def block_index(self, bi: int, r0: int) -> int:
+        """Query block r0 of head bi among the plan's (head by head), as key facts count."""
+        return bi * len(self.bp.query_blocks) + r0 // P
+
     def live(self, bi: int, r0: int) -> int:
         """Keys query block r0 of head bi computes (Note [dead keys])."""
-        bp = self.bp
-        live = bp.recompute.live if bp.recompute else None
-        return bp.n if live is None else live[bi * len(bp.query_blocks) + r0 // P]
+        live = self.rc.live if self.rc else None
+        return self.bp.n if live is None else live[self.block_index(bi, r0)]
 
     def width(self, step: Step) -> int:
         """The step's keys: its key block's, up to the last live one."""
@@ -146,12 +149,10 @@ class _Backward:
             if self.live(bi, r0) > k0
         ]
         self.last_step = {step[:2]: step for step in steps}  # per key block of a head
-        self.untouched = [
-            (bi, j) for bi in range(bp.batch) for j in range(len(bp.key_blocks))
-            if (bi, j) not in self.last_step
-        ]  # fmt: skip
-        for bi, j in self.untouched:  # no query block reaches these keys: dK = dV = 0
-            self.store_zeros(bi, self.tiles_of(j))
+        for bi in range(bp.batch):  # keys no query block reaches: dK = dV = 0
+            for j in range(len(bp.key_blocks)):
+                if (bi, j) not in self.last_step:
+                    self.store_zeros(bi, self.tiles_of(j))
         steps = [None, None, *steps, None, None]  # (the pipeline fills and drains)
         for t in range(len(steps) - 2):
             c, b_, a = steps[t], steps[t + 1], steps[t + 2]
@@ -276,7 +277,7 @@ class _Backward:
         bi, _, k0, r0, rp = step
         s = self.state[step]
         given = dict.fromkeys(self.rc.given, s.pop("s"))
-        block = bi * len(self.bp.query_blocks) + r0 // P
+        block = self.block_index(bi, r0)
         passed = {sel: prefix[block] for sel, prefix in self.rc.true_prefix}
         spec = (bi * self.bp.m + r0, rp, k0, self.width(step), given, passed)
         s["p"] = self.rows.steps([spec])[0][self.bp.p.id]

@@ -57,7 +57,7 @@ class RowPlan:
     flat: bool  # no row structure: laid out as row_view(numel), walked in column chunks
 
 
-def _classify(shape: tuple[int, ...], full: tuple[int, ...], k: int) -> str | None:
+def classify(shape: tuple[int, ...], full: tuple[int, ...], k: int) -> str | None:
     lead = full[: len(full) - k]
     if shape == full or (
         k == 1 and shape[-1:] == full[-1:] and math.prod(shape) == math.prod(full)
@@ -130,7 +130,7 @@ def plan(
     def cls(v: Value) -> str | None:
         if v.id in kind:
             return kind[v.id]
-        c = _classify(v.type.shape, full, k)
+        c = classify(v.type.shape, full, k)
         if c in ("col", "scalar") and v.id in defined:
             return None  # computed cols/scalars would need their own layout
         kind[v.id] = c
@@ -138,14 +138,14 @@ def plan(
 
     for n in nodes:
         if n.op == Op.FULL:
-            c = _classify(n.out.type.shape, full, k)
+            c = classify(n.out.type.shape, full, k)
             if c not in ("full", "row"):
                 return None
             kind[n.out.id] = "const_" + c
             continue
         if n.op == Op.RESHAPE:
             # Same elements in the same order: the input takes the output's class.
-            c = _classify(n.out.type.shape, full, k)
+            c = classify(n.out.type.shape, full, k)
             if c == "full":  # rows regrouped: the same [R, C] tile stream
                 if cls(n.inputs[0]) != "full":
                     return None
@@ -162,7 +162,7 @@ def plan(
         if None in ins:
             return None
         if n.op == Op.BROADCAST:
-            if _classify(n.out.type.shape, full, k) != "full" or ins[0] not in (
+            if classify(n.out.type.shape, full, k) != "full" or ins[0] not in (
                 "row",
                 "const_row",
                 "col",
@@ -178,11 +178,11 @@ def plan(
         if n.op in REDUCE_OPS:
             if _AS.get(ins[0]) != "full" or n.inputs[0].type.shape != full:
                 return None
-            if len(n.attr("axes")) != k or _classify(n.out.type.shape, full, k) != "row":
+            if len(n.attr("axes")) != k or classify(n.out.type.shape, full, k) != "row":
                 return None
             kind[n.out.id] = "row"
             continue
-        out = _classify(n.out.type.shape, full, k)
+        out = classify(n.out.type.shape, full, k)
         if out == "col" and set(ins) == {"col"} and n.op.info.kind in _COL_OPS:
             kind[n.out.id] = "col"  # computed once per kernel (RowKernel)
             continue
