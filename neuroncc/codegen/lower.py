@@ -40,16 +40,23 @@ from neuroncc.ir.printer import format_node
 
 
 def emit_graph(
-    g: Graph, target: Target, reuse: bool = True, unrolled: bool = False, check_reuse: bool = False
+    g: Graph,
+    target: Target,
+    reuse: bool = True,
+    unrolled: bool = False,
+    check_reuse: bool = False,
+    fit_hbm: bool = True,
 ) -> Executable:
     """g's executable; `reuse=False` emits every kernel, where a kernel identical to one
     before it is otherwise placed from its template (Note [kernel reuse]); `unrolled=True`
     emits every iteration of every loop, where one that repeats earlier ones is otherwise
     placed as calls of their blocks (Note [instruction loops]): the executable must be the
     same. `check_reuse=True` emits the second kernel of each key too and checks that it comes
-    out as the template says (the kernel keys' check: stats()["kernel_key_mismatches"])."""
+    out as the template says (the kernel keys' check: stats()["kernel_key_mismatches"]).
+    `fit_hbm=False` lets its buffers exceed the target's HBM (Note [estimates past the core's
+    HBM] in program.py), where they are otherwise a CapacityError."""
     tile = stream_tile_bytes(g, target)
-    modes = (reuse, unrolled, check_reuse)
+    modes = (reuse, unrolled, check_reuse, fit_hbm)
     if tile:  # Note [weight stream]
         try:
             return _emit(g, target, STREAM_TILES * tile, *modes)
@@ -65,8 +72,9 @@ def _emit(
     reuse: bool,
     unrolled: bool = False,
     check_reuse: bool = False,
+    fit_hbm: bool = True,
 ) -> Executable:
-    ctx = EmitCtx(g, target)
+    ctx = EmitCtx(g, target, fit_hbm)
     ctx.reuse, ctx.check_reuse = reuse, check_reuse
     ctx.b.unrolled = unrolled
     if stream_bytes:

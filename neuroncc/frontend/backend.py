@@ -19,8 +19,15 @@ import torch
 from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
 from torch._dynamo.backends.common import aot_autograd
 
+from neuroncc.codegen.executable.program import over_capacity
 from neuroncc.codegen.hardware.targets import get_target
-from neuroncc.errors import NeuronccError, NeuronccInternalError, UnsupportedError, internal_error
+from neuroncc.errors import (
+    CapacityError,
+    NeuronccError,
+    NeuronccInternalError,
+    UnsupportedError,
+    internal_error,
+)
 from neuroncc.frontend import failures, recording
 from neuroncc.frontend.compile import (
     Compiled,
@@ -181,11 +188,21 @@ def compile_region(
 def _through_caches(
     key: str, compile_entry: Callable[[], Entry], g: Graph, ir_text: str, opts, name: str
 ) -> CompiledExecutable:
-    """lookup_or_compile, an internal compiler error coming out with its IR written."""
+    """lookup_or_compile, an internal compiler error coming out with its IR written, and the
+    executable's HBM checked against the target's (Note [estimates past the core's HBM])."""
     try:
-        return lookup_or_compile(key, compile_entry, disk_cache_for(opts), name)
+        compiled = lookup_or_compile(key, compile_entry, disk_cache_for(opts), name)
     except NeuronccInternalError as e:
         raise failures.with_ir_dump(e, ir_text, opts, name, simulate=False) from None
+    problem = over_capacity(compiled.exe)
+    if problem and not opts.timing_only:
+        raise CapacityError(problem)  # a cache entry an estimate compiled
+    if problem and STATS.add_over_capacity(name, compiled.exe.hbm_bytes):
+        warnings.warn(
+            f"neuroncc timing_only: {problem}; timed as if it fit (stats()['hbm_over_capacity'])",
+            stacklevel=2,
+        )
+    return compiled
 
 
 def _example_args(gm: torch.fx.GraphModule) -> list:

@@ -55,15 +55,20 @@ def compile_nir(
     g: Graph, ir_text: str, opts: CompileOptions, name: str, snapshots: bool = False
 ) -> Compiled:
     """Run the pipeline of opts.opt_level on g (whose canonical_text is ir_text), emit the
-    executable, time it once. A failure on the way is a NeuronccInternalError naming its stage
-    (CapacityError aside: the graph does not fit the target)."""
+    executable, time it once. A failure on the way is a NeuronccInternalError naming its stage;
+    a graph whose tensors do not fit the target's HBM is a CapacityError, unless it is only to
+    be timed."""
     start = time.perf_counter()
     target = get_target(opts.target)
     with no_gc():  # Note [compiling without the collector]
         result = _run_passes(g, opts, snapshots)
         stage = "program"
         try:
-            exe = emit_graph(replace(result.graph, name=name), target, check_reuse=opts.check_reuse)
+            planned = replace(result.graph, name=name)
+            # an estimate may need more HBM than the core has (Note [estimates past the core's
+            # HBM] in program.py)
+            fit = not opts.timing_only
+            exe = emit_graph(planned, target, check_reuse=opts.check_reuse, fit_hbm=fit)
             stage = "simulate"  # the timing model
             profile = time_executable(exe, target)
         except CapacityError:

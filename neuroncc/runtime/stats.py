@@ -67,6 +67,7 @@ class Stats:
             self._engine_busy: Counter[str] = Counter()
             self._weighted: Counter[str] = Counter()
             self._graphs: dict[str, dict[str, Any]] = {}
+            self._over_capacity: dict[str, int] = {}  # graph -> HBM bytes it needs
             self._warned: set[str] = set()  # ops warned about since the last reset
 
     def add(self, key: str, amount: float = 1) -> None:
@@ -125,6 +126,14 @@ class Stats:
             self._warned.add(op)
         return first
 
+    def add_over_capacity(self, graph: str, hbm_bytes: int) -> bool:
+        """A graph compiled for timing_only that needs more HBM than its target's core has;
+        True the first time since the last reset."""
+        with self._lock:
+            first = graph not in self._over_capacity
+            self._over_capacity[graph] = hbm_bytes
+        return first
+
     def add_compiler_error(self, stage: str) -> None:
         """One graph (or region) that failed inside neuroncc at `stage` and ran eagerly
         (Note [internal errors]); fallback_nodes counts only ops declined for want of a
@@ -142,6 +151,7 @@ class Stats:
                 out[key] = self._weighted[key] / device if device else 0.0
             out["fallback_nodes"] = dict(self._fallback)
             out["compiler_errors"] = dict(self._errors)
+            out["hbm_over_capacity"] = dict(self._over_capacity)
             out["engine_busy_seconds"] = dict(self._engine_busy)
             out["graphs"] = {
                 name: {
@@ -149,6 +159,7 @@ class Stats:
                     "device_seconds": g["profile"].device_ns * 1e-9,
                     "roofline_seconds": g["profile"].roofline_ns * 1e-9,
                     "mfu": g["profile"].mfu,
+                    "hbm_needed_bytes": g["compiled"].exe.hbm_bytes,
                 }
                 for name, g in self._graphs.items()
             }

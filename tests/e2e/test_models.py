@@ -204,6 +204,31 @@ def test_tensors_too_large_for_hbm_are_an_error_with_sizes(fresh):
         f(torch.ones(1, 4))
 
 
+def _reads_a_little(x):
+    return x[0, :8] * 2
+
+
+def test_an_estimate_may_need_more_hbm_than_the_core_has(fresh):
+    """Note [estimates past the core's HBM]: timing_only times the graph, warns once and lists
+    what it needs; executing the same cache entry later is still a CapacityError."""
+    x = torch.empty(7, 2**29, device="meta")  # 14 GiB
+    estimate = torch.compile(_reads_a_little, backend="neuron", options={"timing_only": True})
+    with pytest.warns(
+        UserWarning,
+        match=r"needs 1\d\.\d\d GiB \(inputs 14\.00, .*the largest: in0 .* timed as if it fit",
+    ):
+        assert estimate(x).shape == (8,)
+    stats = neuroncc.stats()
+    ((graph, needed),) = stats["hbm_over_capacity"].items()
+    assert needed > 14 * 2**30 and stats["timing_only_executions"] == 1
+    assert stats["graphs"][graph]["hbm_needed_bytes"] == needed
+    assert stats["graphs"][graph]["device_seconds"] > 0
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"tensors do not fit in HBM: \w+ needs 1\d\.\d\d GiB"):
+        torch.compile(_reads_a_little, backend="neuron")(x)
+    assert neuroncc.stats()["cache_hits_memory"] == 1
+
+
 @pytest.mark.expect_compiler_errors("program")
 def test_compiler_failure_falls_back_for_that_graph(fresh, monkeypatch, private_disk_cache):
     from neuroncc.errors import CodegenError

@@ -7,7 +7,7 @@ import pytest
 
 from neuroncc.codegen.executable.builder import ProgramBuilder
 from neuroncc.codegen.executable.kernel_builder import KernelBuilder
-from neuroncc.codegen.executable.program import Executable, ValueLoc
+from neuroncc.codegen.executable.program import Executable, ValueLoc, over_capacity
 from neuroncc.codegen.hardware import isa
 from neuroncc.codegen.hardware.targets import TRN2, get_target
 from neuroncc.errors import CodegenError, RaceError, SimulationError
@@ -252,6 +252,20 @@ def test_capacity_errors_name_the_sizes():
         CodegenError, match=r"tensors do not fit in HBM: 32.00 GiB needed .* trn2 has 12 GiB"
     ):
         pb.dram("huge", (8, 2**30), F32)
+
+
+def test_an_estimate_lays_out_past_the_cores_hbm():
+    """Note [estimates past the core's HBM]: with fit_hbm off the buffers are laid out, and the
+    executable says what it needs."""
+    pb = ProgramBuilder(TRN2, "big", fit_hbm=False)
+    pb.dram("small", (4, 8), F32, "input")
+    pb.dram("huge", (8, 2**30), F32)
+    exe = pb.finish([], [])
+    assert over_capacity(exe) == (
+        "tensors do not fit in HBM: big needs 32.00 GiB (inputs 0.00, outputs 0.00, temporaries "
+        "32.00 GiB; the largest: huge [8, 1073741824] f32), trn2 has 12 GiB per NeuronCore"
+    )
+    assert over_capacity(_io_program(lambda t, t2, s, d: [])) is None
 
 
 def test_neighbouring_kernels_allocate_from_opposite_ends():

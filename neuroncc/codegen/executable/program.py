@@ -161,6 +161,34 @@ class Executable:
         return _decode_executable(data)
 
 
+# Note [estimates past the core's HBM]: whether a graph whose tensors need more HBM than the
+# target's core has is an error depends on what its executable is for. Running it is
+# (CapacityError, from the builder at the first buffer past the end: the model would not fit
+# the device either, so it is never a reason to fall back). Timing it (timing_only) is not:
+# estimating a model one core cannot hold (an 8B model's training step needs its weights and
+# their gradients, 32 GB, against a trn2 core's 12 GiB) is what such estimates are for. Its
+# builder lays the buffers out past the end (fit_hbm=False); the graph is timed as if its core
+# had the HBM, warned about once and listed in stats()["hbm_over_capacity"] with what it needs
+# (frontend/backend.py). A cache entry an estimate stored still fails when a later run would
+# execute it: over_capacity is checked on every entry the backend gets.
+
+
+def over_capacity(exe: Executable) -> str | None:
+    """What is wrong when exe's HBM buffers do not fit its target's HBM, else None."""
+    target = get_target(exe.target)
+    if exe.hbm_bytes <= target.hbm_bytes:
+        return None
+    by_kind = {k: sum(b.nbytes for b in exe.buffers if b.kind == k) for k in ("input", "output")}
+    temps = exe.hbm_bytes - sum(by_kind.values())  # the arena's, the others', their alignment
+    big = max(exe.buffers, key=lambda b: b.nbytes)
+    return (
+        f"tensors do not fit in HBM: {exe.name} needs {exe.hbm_bytes / 2**30:.2f} GiB (inputs "
+        f"{by_kind['input'] / 2**30:.2f}, outputs {by_kind['output'] / 2**30:.2f}, temporaries "
+        f"{temps / 2**30:.2f} GiB; the largest: {big.name} {list(big.shape)} {big.dtype.value}), "
+        f"{target.name} has {target.hbm_bytes / 2**30:.0f} GiB per NeuronCore"
+    )
+
+
 @contextlib.contextmanager
 def no_gc() -> Iterator[None]:
     """Loading builds many small containers, each allocation of which can trigger a full

@@ -34,9 +34,9 @@ P = 128
 class EmitCtx:
     """The state of one graph's emission: the builder and where every value lives in HBM."""
 
-    def __init__(self, graph: Graph, target: Target) -> None:
+    def __init__(self, graph: Graph, target: Target, fit_hbm: bool = True) -> None:
         self.graph, self.target = graph, target
-        self.b = ProgramBuilder(target, graph.name)
+        self.b = ProgramBuilder(target, graph.name, fit_hbm)
         self.loc: dict[int, ValueLoc] = {}
         outputs = {v.id for v in graph.outputs}
         for i, v in enumerate(graph.inputs):

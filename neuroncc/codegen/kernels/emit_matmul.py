@@ -519,7 +519,8 @@ def _transpose_blocks(ctx: EmitCtx, source: View, out: str, dt: DType) -> None:
     blocks of [w, w] with w = RUN_BYTES of
     elements: w/128 row tiles [128, w] are loaded (w-element runs per partition, few DMA
     descriptors), each [128, 128] piece is transposed on TensorE into one PSUM bank per
-    output row tile, copied out whole, and stored as [128, w] rows of the result."""
+    output row tile, copied out whole, and stored as [128, w] rows of the result. The blocks
+    are an instruction loop (Note [instruction loops])."""
     b, t = ctx.b, ctx.target
     *lead, r, c = source.shape
     src, row_stride = ctx.buf(source.base), source.strides[-2]
@@ -530,37 +531,54 @@ def _transpose_blocks(ctx: EmitCtx, source: View, out: str, dt: DType) -> None:
     dst_pool = b.sbuf_pool(w * dt.itemsize, bufs=2 * per)
     psum = b.psum_pool(bufs=4)
     engines = ("act", "dve")
-    copies = 0
-    for bi in range(math.prod(lead)):
+    blocks = [
+        (bi, r0, c0)
+        for bi in range(math.prod(lead))
+        for r0 in range(0, r, w)
+        for c0 in range(0, c, w)
+    ]
+
+    # A block is fixed by its shape; its addresses are affine in the blocks of a period whose
+    # forms repeat once a row of blocks, a matrix and every inner leading index are marked
+    # where they start (the outermost index moves the matrix by one stride).
+    def form(bi: int, r0: int, c0: int) -> tuple:
+        inner = []
+        for size in reversed(lead[1:]):
+            bi, i = divmod(bi, size)
+            inner.append(i)
+        return min(w, r - r0), min(w, c - c0), r0 == 0, c0 == 0, tuple(inner)
+
+    forms = [form(*block) for block in blocks]
+    copies = [0]  # PSUM copies so far: they take turns on ScalarE and VectorE
+    for k in b.loop(forms, lambda: copies[0] % 2):
+        bi, r0, c0 = blocks[k]
         off, out_off = source.batch_offset(bi), bi * r * c
-        for r0 in range(0, r, w):
-            rows = [(r1, min(P, r - r1)) for r1 in range(r0, min(r, r0 + w), P)]
-            for c0 in range(0, c, w):
-                cw = min(w, c - c0)
-                tiles = []
-                for r1, rp in rows:
-                    tile = src_pool.tile(rp, (cw,), dt)
-                    b.dma(tile, rect(src, dt, off + r1 * row_stride + c0, row_stride, rp, cw))
-                    tiles.append(tile)
-                rw = sum(rp for _, rp in rows)
-                for c1 in range(0, cw, P):
-                    cp = min(P, cw - c1)
-                    ps = psum.tile(cp, (rw,), DType.F32)
-                    for i, ((_, rp), tile) in enumerate(zip(rows, tiles, strict=True)):
-                        piece = tile.cols(c1, cp)
-                        eye = ident.rows(rp).cols(0, rp)
-                        dst = ps.cols(i * P, rp)
-                        b.emit(
-                            isa.Matmul(
-                                "pe",
-                                dst=dst,
-                                stationary=piece,
-                                moving=eye,
-                                accumulate=False,
-                                transpose=True,
-                            )
-                        )
-                    row_out = dst_pool.tile(cp, (rw,), dt)
-                    b.emit(isa.TensorCopy(engines[copies % 2], dst=row_out, src=ps))
-                    copies += 1
-                    b.dma(rect(out, dt, out_off + (c0 + c1) * r + r0, r, cp, rw), row_out)
+        rows = [(r1, min(P, r - r1)) for r1 in range(r0, min(r, r0 + w), P)]
+        cw = min(w, c - c0)
+        tiles = []
+        for r1, rp in rows:
+            tile = src_pool.tile(rp, (cw,), dt)
+            b.dma(tile, rect(src, dt, off + r1 * row_stride + c0, row_stride, rp, cw))
+            tiles.append(tile)
+        rw = sum(rp for _, rp in rows)
+        for c1 in range(0, cw, P):
+            cp = min(P, cw - c1)
+            ps = psum.tile(cp, (rw,), DType.F32)
+            for i, ((_, rp), tile) in enumerate(zip(rows, tiles, strict=True)):
+                piece = tile.cols(c1, cp)
+                eye = ident.rows(rp).cols(0, rp)
+                dst = ps.cols(i * P, rp)
+                b.emit(
+                    isa.Matmul(
+                        "pe",
+                        dst=dst,
+                        stationary=piece,
+                        moving=eye,
+                        accumulate=False,
+                        transpose=True,
+                    )
+                )
+            row_out = dst_pool.tile(cp, (rw,), dt)
+            b.emit(isa.TensorCopy(engines[copies[0] % 2], dst=row_out, src=ps))
+            copies[0] += 1
+            b.dma(rect(out, dt, out_off + (c0 + c1) * r + r0, r, cp, rw), row_out)
