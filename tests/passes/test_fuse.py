@@ -73,13 +73,71 @@ def test_softmax_becomes_one_kernel_golden():
 
 
 def test_a_row_too_long_for_sbuf_is_not_fused_with_its_reduction():
+    """Note [wide rows]: what reads the reduction is a group of its own, walked in chunks."""
     b = GraphBuilder()
     x = b.input(TensorType((128, 48 * 1024), DType.F32))  # 192 KiB per partition
     r = b.op(Op.REDUCE_SUM, x, axes=[1], keepdim=True)
     y = b.op(Op.SUB, x, b.op(Op.BROADCAST, r, shape=(128, 48 * 1024)))
     g = b.build([y])
     assert plan(list(g.nodes), TRN1) is None
-    assert Fuse().run(g, PassContext(TRN1)).kernels == ()
+    assert plan(list(g.nodes)[1:], TRN1).chunked
+    fused = Fuse().run(g, PassContext(TRN1))
+    assert fused.kernels == (tuple(n.out.id for n in list(g.nodes)[1:]),)
+
+
+WIDE_LOG_SOFTMAX = """
+graph @main(%0: f32[130,60000]) {
+  %1 = reduce_max %0 {axes=[1], keepdim=true} : f32[130,1]
+  %2 = broadcast %1 {shape=[130,60000]} : f32[130,60000]
+  %3 = sub %0, %2 : f32[130,60000]
+  %4 = exp %3 : f32[130,60000]
+  %5 = reduce_sum %4 {axes=[1], keepdim=true} : f32[130,1]
+  %6 = log %5 : f32[130,1]
+  %7 = broadcast %6 {shape=[130,60000]} : f32[130,60000]
+  %8 = sub %3, %7 : f32[130,60000]
+  return %8
+}
+"""
+
+
+def test_a_log_softmax_over_rows_too_long_for_sbuf_is_three_chunked_kernels():
+    """Note [wide rows]: 234 KB rows (trn2 has 224 KB per partition): the max; x - max, exp
+    and their sum; the output (the log of [130, 1] is an op of its own). Five passes over [130, 60000] fp32 where the
+    unfused ops broadcast each row value to full rows through HBM."""
+    g = parse(WIDE_LOG_SOFTMAX)
+    fused = Fuse().run(g, CTX)
+    assert [len(k) for k in fused.kernels] == [4, 2]  # (%1 and %6, alone, are no groups)
+    x = np.random.default_rng(0).standard_normal((130, 60000)).astype(np.float32) * 3
+    exe = emit_graph(fused, TRN2)
+    (got,) = run(exe, [x], TRN2)
+    np.testing.assert_allclose(got, interpret(g, [x])[0], rtol=1e-5, atol=1e-5)
+    moved = time_executable(exe, TRN2).hbm_bytes
+    assert moved < 5.05 * x.nbytes
+    unfused = time_executable(emit_graph(g, TRN2), TRN2)
+    assert time_executable(exe, TRN2).device_ns < unfused.device_ns / 10
+
+
+@pytest.mark.parametrize(
+    ("reduce", "dtype"),
+    [
+        ("sum", torch.float32),
+        ("amax", torch.float32),
+        ("amin", torch.bfloat16),
+        ("sum", torch.bfloat16),
+    ],
+)
+def test_reductions_over_wide_rows_combine_their_chunks(fresh, reduce, dtype):
+    """Each chunk's partial result joins a running fp32 accumulator, cast once at the end;
+    the rows' results are stored once, after their last chunk (130 rows: a partial tile)."""
+    x = (torch.randn(130, 61000) * 4).to(dtype)
+
+    def f(x):
+        return getattr(torch, reduce)(x * 2 + 1, -1)
+
+    got = torch.compile(f, backend="neuron", options={"disk_cache": False})(x)
+    torch.testing.assert_close(got, f(x), rtol=1e-4 if dtype == torch.float32 else 2e-2, atol=1e-2)
+    stats = neuroncc.stats()
+    assert stats["fallback_nodes"] == {} and stats["hbm_bytes"] < 1.05 * x.numel() * x.itemsize
 
 
 def _norms(x, w, b):

@@ -15,7 +15,6 @@ from neuroncc.codegen.hardware import isa
 from neuroncc.codegen.kernels.emit import EmitCtx, P, _compute_instr, rect
 from neuroncc.codegen.kernels.engine_balance import EngineBalancer
 from neuroncc.codegen.kernels.row_plan import (
-    COLUMN_CHUNK_BYTES,
     REDUCE_OPS,
     RowPlan,
     assign_slots,
@@ -51,7 +50,7 @@ def emit_fused(
     if p is None:
         raise AssertionError("the fuse pass formed a group codegen cannot emit")
     itemsize = max(v.type.dtype.itemsize for n in nodes for v in (*n.inputs, n.out))
-    chunk = p.cols if not p.flat else max(1, min(p.cols, COLUMN_CHUNK_BYTES // itemsize))
+    chunk = p.step_cols(itemsize)
     # Two steps at a time, and the next two's loads ahead, where four rounds fit.
     kernel = RowKernel(
         ctx, nodes, p, chunk, chunk, rounds=rounds_in_flight(nodes, p, ctx.target, most=4)
@@ -148,6 +147,7 @@ class RowKernel:
         for v in self.escaping:
             ctx.alloc(v)
         self.aliased: dict[int, int] = {}
+        self.running: dict[int, isa.TileRef] = {}  # reduction id -> its rows' accumulator
         self.balance = EngineBalancer(ctx.target)
         self.gen_tiles: dict[tuple, isa.TileRef] = {}  # (base, pstep, fstep, rows, cols)
         if p.rows == 0 or p.cols == 0:
@@ -183,6 +183,10 @@ class RowKernel:
         ]
         row_tiles = row_tiles_per_step(nodes, p) + len(self.act_reduce)  # + the -max tiles
         self.row_pool = b.sbuf_pool(64, bufs=rounds * max(1, row_tiles))
+        # Note [wide rows]: a reduction's running accumulator lives through its rows' chunks;
+        # two, for the next rows' first chunk beside these rows' last.
+        reductions = sum(1 for n in nodes if n.op in REDUCE_OPS)
+        self.acc_pool = b.sbuf_pool(64, bufs=2 * reductions) if p.chunked and reductions else None
         periods = sum(1 for c in p.kind.values() if c == "period")
         self.period_pool = (
             b.sbuf_pool(step_cols * itemsize, bufs=rounds * periods) if periods else None
@@ -239,8 +243,8 @@ class RowKernel:
 
     def loop_state(self) -> tuple:
         """What steps carry to the next beside the pools (a loop's state, Note [instruction
-        loops]): the engines' balance and the generated tiles kept."""
-        return self.balance.state(), tuple(self.gen_tiles.items())
+        loops]): the engines' balance, the generated tiles kept and the running reductions."""
+        return self.balance.state(), tuple(self.gen_tiles.items()), tuple(self.running.items())
 
     def prefetch(self, r0: int, rp: int, c0: int, f: int) -> dict[int, isa.TileRef]:
         """The full inputs of step (r0, rp, c0, f) loaded ahead of it, as its `given`."""
@@ -403,6 +407,32 @@ def _emit_square_sum(k: RowKernel, n: Node, dst, x, tiles: dict, rp: int) -> Non
     tiles[total.out.id] = acc
 
 
+_COMBINE = {"sum": "add", "max": "max", "min": "min"}
+
+
+def _chunk_reduce(k: RowKernel, n: Node, dst, src, rp: int, c0: int, f: int):
+    """Reduction n over one chunk of its rows (Note [wide rows]): the first chunk's into a new
+    running accumulator, each later one's combined into it. After the rows' last chunk, the
+    result in `dst` (or the accumulator, where it has the result's dtype); else None."""
+    b = k.ctx.b
+    acc_dt = DType.F32 if n.inputs[0].type.dtype.is_float else DType.I64
+    op = REDUCE_OPS[n.op]
+    if c0 == 0:
+        running = k.running[n.out.id] = k.acc_pool.tile(rp, (1,), acc_dt)
+        b.emit(isa.TensorReduce("dve", op=op, dst=running, src=src))
+    else:
+        running = k.running[n.out.id]
+        part = k.row_pool.tile(rp, (1,), acc_dt)
+        b.emit(isa.TensorReduce("dve", op=op, dst=part, src=src))
+        b.emit(isa.TensorTensor("dve", op=_COMBINE[op], dst=running, a=running, b=part))
+    if c0 + f < k.p.cols:
+        return None
+    if dst.dtype == acc_dt:
+        return running
+    b.emit(isa.TensorCopy("dve", dst=dst, src=running))
+    return dst
+
+
 def _load_period(ctx, v: Value, t: isa.TileRef, r0: int, rp: int, c0: int, f: int, cols: int):
     """Rows r0..r0+rp of a value whose rows repeat every R' (its own row count): one DMA per
     run of rows that does not wrap around."""
@@ -462,7 +492,8 @@ def _tile_ops(k: RowKernel, r0: int, rp: int, c0: int, f: int, tiles: dict, pass
         if c in ("full", "const_full", "bcast_col", "bcast_period"):
             b.dma(rect(ctx.buf(v), dt, r0 * p.cols + c0, p.cols, rp, f), t)
         elif c in ("row", "const_row"):
-            b.dma(rect(ctx.buf(v), dt, r0, 1, rp, 1), t)
+            if not p.chunked or c0 == 0 or v.id in k.running:  # (once per rows)
+                b.dma(rect(ctx.buf(v), dt, r0, 1, rp, 1), t)
         elif r0 == 0:  # col: the same row for every row step, stored once
             b.dma(rect(ctx.buf(v), dt, c0, p.cols, 1, f), t.rows(1))
 
@@ -537,6 +568,10 @@ def _tile_ops(k: RowKernel, r0: int, rp: int, c0: int, f: int, tiles: dict, pass
             _emit_activation_reduce(k, n, dst, tiles, rp)
         elif n.out.id in k.square_sums:  # (x's tile: the first operand)
             _emit_square_sum(k, n, dst, srcs[0], tiles, rp)
+        elif n.op in REDUCE_OPS and p.chunked:
+            dst = _chunk_reduce(k, n, dst, srcs[0], rp, c0, f)
+            if dst is None:  # the rows' later chunks add to it
+                continue
         elif n.op in REDUCE_OPS:
             acc_dt = DType.F32 if n.inputs[0].type.dtype.is_float else DType.I64
             acc = dst if dst.dtype == acc_dt else k.row_pool.tile(rp, (1,), acc_dt)

@@ -20,9 +20,19 @@ A broadcast of a row or scalar value to full costs nothing: its users read the [
 which VectorE applies to every element of the row (the per-partition scalar operand of
 tensor_tensor / select). Reductions over the trailing k axes turn a full value into a row value.
 The kernel walks the rows 128 at a time; a whole row must fit in SBUF, which `plan` checks
-against the target (the fuse pass only forms groups that fit). Groups without any row
-structure (only same-shape elementwise ops) are laid out as `row_view` of their element count
-and walked in column chunks, like the unfused elementwise kernel.
+against the target (the fuse pass only forms groups that fit), except as Note [wide rows] says.
+Groups without any row structure (only same-shape elementwise ops) are laid out as `row_view` of
+their element count and walked in column chunks, like the unfused elementwise kernel.
+
+Note [wide rows]: a row too long for SBUF (a log-softmax over a 151936-word vocabulary: 594 KB
+of fp32 per row, against 224 KB per partition on trn2) is walked in column chunks too, where
+no value of the group is computed from a reduction made in it: each chunk's partial reduction
+is combined into a running [p, 1] accumulator, stored after the row's last chunk. A softmax
+over such rows is then three groups the fuse pass forms one after the other (its greedy run
+stops at the first node that reads a reduction): the row max; x - max, its exp and their sum;
+and the output from the log of the sum. Each reads its inputs from HBM once, where the unfused ops
+broadcast [rows, 1] values to full rows through HBM. Col and period values differ from chunk
+to chunk and are left out (such a group is not formed).
 """
 
 from __future__ import annotations
@@ -55,6 +65,13 @@ class RowPlan:
     cols: int
     kind: dict  # value id -> "full" | "row" | "col" | "scalar" | "bcast"
     flat: bool  # no row structure: laid out as row_view(numel), walked in column chunks
+    chunked: bool = False  # rows walked in column chunks, reductions combined (Note [wide rows])
+
+    def step_cols(self, itemsize: int) -> int:
+        """Columns per step: a whole row, or a chunk of COLUMN_CHUNK_BYTES."""
+        if self.flat or self.chunked:
+            return max(1, min(self.cols, COLUMN_CHUNK_BYTES // itemsize))
+        return self.cols
 
 
 def classify(shape: tuple[int, ...], full: tuple[int, ...], k: int) -> str | None:
@@ -198,9 +215,23 @@ def plan(
     if flat:
         rows, cols = row_view(rows * cols)
     p = RowPlan(full, k, rows, cols, kind, flat)
-    if sbuf_bytes(nodes, p, step_cols=step_cols) > SBUF_SHARE * target.sbuf_partition_bytes:
+    budget = SBUF_SHARE * target.sbuf_partition_bytes
+    if sbuf_bytes(nodes, p, step_cols=step_cols) <= budget:
+        return p
+    if flat or step_cols is not None or not _chunkable(nodes, kind):
         return None
-    return p
+    p = replace(p, chunked=True)  # Note [wide rows]
+    return p if sbuf_bytes(nodes, p) <= budget else None
+
+
+def _chunkable(nodes: Sequence[Node], kind: dict) -> bool:
+    """Whether the group's rows can be walked in column chunks (Note [wide rows]): nothing in
+    it reads a reduction made in it, and no value differs from chunk to chunk but its full
+    ones."""
+    if any(c in ("col", "bcast_col", "period", "bcast_period") for c in kind.values()):
+        return False
+    reduced = {n.out.id for n in nodes if n.op in REDUCE_OPS}
+    return not any(v.id in reduced for n in nodes for v in n.inputs)
 
 
 def epilogue_plan(mm: Node, nodes: Sequence[Node], target: Target) -> RowPlan | None:
@@ -212,7 +243,7 @@ def epilogue_plan(mm: Node, nodes: Sequence[Node], target: Target) -> RowPlan | 
         return None
     shape = mm.out.type.shape
     p = plan(nodes, target, (shape, 1)) if shape else None
-    if p is None or p.kind.get(mm.out.id, "full") != "full":
+    if p is None or p.chunked or p.kind.get(mm.out.id, "full") != "full":
         return None
     return replace(p, rows=math.prod(shape[:-1]), cols=shape[-1], flat=False)
 
@@ -261,9 +292,9 @@ def sbuf_bytes(
 ) -> int:
     """Per-partition SBUF the kernel needs: `rounds` steps of every slot's values (so steps
     overlap), one tile per col value and constant, small tiles for row values. Steps are a
-    whole row wide (a column chunk for flat groups) unless step_cols says otherwise."""
+    whole row wide (a column chunk for flat and chunked groups) unless step_cols says otherwise."""
     itemsize = max(v.type.dtype.itemsize for n in nodes for v in (*n.inputs, n.out))
-    row_bytes = (p.cols if not p.flat else min(p.cols, COLUMN_CHUNK_BYTES // itemsize)) * itemsize
+    row_bytes = p.step_cols(itemsize) * itemsize
     step_bytes = row_bytes if step_cols is None else step_cols * itemsize
     periods = sum(1 for c in p.kind.values() if c == "period")
     full = (sum(values_per_slot(nodes, p)) + periods) * rounds * step_bytes

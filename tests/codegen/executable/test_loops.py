@@ -272,3 +272,12 @@ def test_a_transpose_placed_from_its_first_blocks_runs_right(fresh, both_ways):
     assert torch.equal(got, x.transpose(-1, -2))
     ((_, exe),) = [(n, e) for n, e in both_ways if _pe_transposes(e)]
     assert sum(len(b.instructions) for b in exe.blocks) < len(exe.instructions) / 2
+
+
+def test_wide_row_chunks_loop_equal_their_unrolled_form(fresh, both_ways):
+    """Note [wide rows]: chunked row kernels carry their running reductions from step to step
+    (the loop's state), a log-softmax over 300 rows of 60000."""
+    x = torch.randn(300, 60000)
+    opts = {"timing_only": True, "target": "trn2", "disk_cache": False}
+    torch.compile(lambda x: torch.log_softmax(x, -1), backend="neuron", options=opts)(x)
+    assert both_ways
