@@ -44,6 +44,7 @@ from neuroncc.frontend.decomp_attention import (
     key_chunk_for,
 )
 from neuroncc.frontend.decomp_grouped_mm import add_library_ops
+from neuroncc.frontend.decomp_loss import cross_entropy_calls
 from neuroncc.frontend.decompositions import DECOMPOSITIONS
 from neuroncc.frontend.dump import dump_graph, write_run_summary_at_exit
 from neuroncc.frontend.fx_import import ImportedGraph, import_fx
@@ -467,6 +468,7 @@ def _aot(
     }
     add_library_ops(DECOMPOSITIONS)
     flash_attention_calls(gm)  # Note [one attention op]
+    cross_entropy_calls(gm)  # Note [cross entropy traced]
     backend = aot_autograd(
         fw_compiler=compilers["forward"],
         bw_compiler=compilers["backward"],

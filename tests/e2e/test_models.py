@@ -1,5 +1,6 @@
 """End to end: small models through torch.compile(backend="neuron"), compared with eager."""
 
+import copy
 import json
 import subprocess
 import sys
@@ -415,3 +416,34 @@ def test_main_job():
     assert res.returncode == 0, res.stdout + res.stderr
     assert "-> MATCH" in res.stdout
     assert "forward: simulated device time" in res.stdout and "TensorE" in res.stdout
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_trains_on_cpu_and_on_meta(fresh, reduction):
+    """Note [cross entropy traced]: the loss and its gradients equal eager's, ignored targets
+    and all; on meta (an estimate) the backward holds the weight's gradient, where PyTorch's
+    trace of F.cross_entropy there gave a backward with no gradient at all."""
+    torch.manual_seed(0)
+    head = nn.Linear(32, 300)
+    x, labels = torch.randn(20, 32), torch.randint(0, 300, (20,))
+    labels[::3] = -100
+
+    def step(head, x, labels):
+        return F.cross_entropy(head(x), labels, reduction=reduction).sum()
+
+    got = torch.compile(step, backend="neuron", options={"disk_cache": False})(head, x, labels)
+    got.backward()
+    want_head = copy.deepcopy(head)
+    want_head.zero_grad()
+    step(want_head, x, labels).backward()
+    torch.testing.assert_close(got, step(want_head, x, labels), **TOL)
+    torch.testing.assert_close(head.weight.grad, want_head.weight.grad, **TOL)
+    torch._dynamo.reset()
+    neuroncc.reset_stats()
+    meta = nn.Linear(32, 300, device="meta")
+    opts = {"timing_only": True, "disk_cache": False}
+    args = (x.to("meta"), labels.to("meta"))
+    torch.compile(step, backend="neuron", options=opts)(meta, *args).backward()
+    graphs = neuroncc.stats()["graphs"]
+    backward = [g for name, g in graphs.items() if name.endswith("_backward")]
+    assert backward and all(g["device_seconds"] > 0 for g in backward)

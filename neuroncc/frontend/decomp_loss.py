@@ -1,0 +1,57 @@
+"""Note [cross entropy traced]: on meta tensors (timing_only estimates) AOTAutograd traces
+F.cross_entropy without its gradient: PyTorch 2.13 reaches `aten::nll_loss` there through a
+kernel below the Autograd key ("an autograd kernel was not registered", and the backward
+graph returns no gradient at all), so an estimated training step had no loss gradient, and
+through it none of the model's. The Dynamo graph's cross_entropy calls become the same math
+in ops whose gradients every device traces: log_softmax, then the target's entry picked by
+gather, ignored targets zeroed and, for "mean", the sum over the targets counted, as
+aten.nll_loss_forward computes it (a mean over no targets is nan, as PyTorch's). The zeroing is
+a masked_fill: `torch.where(mask, x, 0.0)`, a Python scalar beside a tensor, loses x's
+gradient the same way on meta (aten's nll_loss decomposition is made of such wheres). Calls this
+does not cover (class weights, label smoothing, probabilities as targets, the deprecated
+size_average / reduce) stay PyTorch's. On every device, so that an estimate on meta compiles
+what a run on CPU compiles.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def cross_entropy_calls(gm: torch.fx.GraphModule) -> int:
+    """The graph's F.cross_entropy calls as _cross_entropy; how many."""
+    count = 0
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is _CROSS_ENTROPY:
+            node.target = _cross_entropy
+            count += 1
+    if count:
+        gm.recompile()
+    return count
+
+
+_CROSS_ENTROPY = F.cross_entropy
+
+
+def _cross_entropy(
+    input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+    reduction="mean", label_smoothing=0.0,
+):  # fmt: skip
+    plain = (weight is None and size_average is None and reduce is None
+             and label_smoothing == 0.0 and not target.is_floating_point()
+             and input.dim() >= 1 and reduction in ("mean", "sum", "none"))  # fmt: skip
+    if not plain:
+        return _CROSS_ENTROPY(
+            input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing
+        )
+    classes = 1 if input.dim() > 1 else 0
+    logp = torch.log_softmax(input, classes)
+    kept = target != ignore_index
+    picked = torch.gather(logp, classes, torch.where(kept, target, 0).unsqueeze(classes))
+    losses = (-picked.squeeze(classes)).masked_fill(~kept, 0.0)  # (not where: see the Note)
+    if reduction == "none":
+        return losses
+    if reduction == "sum":
+        return losses.sum()
+    return losses.sum() / kept.sum().to(losses.dtype)
