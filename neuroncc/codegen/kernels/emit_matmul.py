@@ -399,37 +399,42 @@ def _emit_zero_or_simple(
     b_pool = b.sbuf_pool(nt_max * dt.itemsize, bufs=2)
     o_pool = b.sbuf_pool(nt_max * odt.itemsize, bufs=2)
     ps_pool = b.psum_pool(bufs=2)
-    for bi in range(math.prod(batch)):
+    blocks = [
+        (bi, m0, n0)
+        for bi in range(math.prod(batch))
+        for m0 in range(0, m, mt_max)
+        for n0 in range(0, nn, nt_max)
+    ]
+    # An instruction loop over the output blocks: addresses are affine in a run of blocks
+    # whose forms repeat once the first of a row of blocks and of a matrix are marked.
+    forms = [(min(mt_max, m - m0), min(nt_max, nn - n0), m0 == 0, n0 == 0) for _, m0, n0 in blocks]
+    for i in b.loop(forms):
+        bi, m0, n0 = blocks[i]
         a_off, b_off, o_off = bi * m * k, b_first + bi * k * b_stride, bi * m * nn
-        for m0 in range(0, m, mt_max):
-            mt = min(mt_max, m - m0)
-            for n0 in range(0, nn, nt_max):
-                nt = min(nt_max, nn - n0)
-                ot = o_pool.tile(mt, (nt,), odt)
-                if k == 0:
-                    b.emit(isa.Memset("pool", dst=ot, value=0.0))
+        mt, nt = min(mt_max, m - m0), min(nt_max, nn - n0)
+        ot = o_pool.tile(mt, (nt,), odt)
+        if k == 0:
+            b.emit(isa.Memset("pool", dst=ot, value=0.0))
+        else:
+            ps = ps_pool.tile(mt, (nt,), DType.F32)
+            for ki, k0 in enumerate(range(0, k, kt_max)):
+                kt = min(kt_max, k - k0)
+                at = a_pool.tile(kt, (mt,), dt)
+                if a_is_transposed:
+                    src = rect(a_buf, dt, a_off + k0 * m + m0, m, kt, mt)
                 else:
-                    ps = ps_pool.tile(mt, (nt,), DType.F32)
-                    for ki, k0 in enumerate(range(0, k, kt_max)):
-                        kt = min(kt_max, k - k0)
-                        at = a_pool.tile(kt, (mt,), dt)
-                        if a_is_transposed:
-                            src = rect(a_buf, dt, a_off + k0 * m + m0, m, kt, mt)
-                        else:
-                            src = isa.DramRef(a_buf, a_off + m0 * k + k0, dt, ((1, kt), (k, mt)))
-                        b.dma(at, src)
-                        bt = b_pool.tile(kt, (nt,), dt)
-                        if b_is_transposed:
-                            first = b_first + n0 * b_stride + k0
-                            src = isa.DramRef(b_buf, first, dt, ((1, kt), (b_stride, nt)))
-                        else:
-                            src = rect(b_buf, dt, b_off + k0 * b_stride + n0, b_stride, kt, nt)
-                        b.dma(bt, src)
-                        b.emit(
-                            isa.Matmul("pe", dst=ps, stationary=at, moving=bt, accumulate=ki > 0)
-                        )
-                    b.emit(isa.TensorCopy("act", dst=ot, src=ps))
-                b.dma(rect(out, odt, o_off + m0 * nn + n0, nn, mt, nt), ot)
+                    src = isa.DramRef(a_buf, a_off + m0 * k + k0, dt, ((1, kt), (k, mt)))
+                b.dma(at, src)
+                bt = b_pool.tile(kt, (nt,), dt)
+                if b_is_transposed:
+                    first = b_first + n0 * b_stride + k0
+                    src = isa.DramRef(b_buf, first, dt, ((1, kt), (b_stride, nt)))
+                else:
+                    src = rect(b_buf, dt, b_off + k0 * b_stride + n0, b_stride, kt, nt)
+                b.dma(bt, src)
+                b.emit(isa.Matmul("pe", dst=ps, stationary=at, moving=bt, accumulate=ki > 0))
+            b.emit(isa.TensorCopy("act", dst=ot, src=ps))
+        b.dma(rect(out, odt, o_off + m0 * nn + n0, nn, mt, nt), ot)
 
 
 def pe_transposable(x: TensorType, perm: tuple[int, ...]) -> bool:

@@ -281,3 +281,20 @@ def test_wide_row_chunks_loop_equal_their_unrolled_form(fresh, both_ways):
     opts = {"timing_only": True, "target": "trn2", "disk_cache": False}
     torch.compile(lambda x: torch.log_softmax(x, -1), backend="neuron", options=opts)(x)
     assert both_ways
+
+
+@pytest.mark.parametrize(("batch", "m", "n"), [((), 130, 1100), ((2,), 200, 600)])
+def test_a_matmul_too_long_to_block_loops_over_its_output_blocks(fresh, both_ways, batch, m, n):
+    """K too long to keep Aᵀ on chip (50000 fp32): the plain tiled schedule
+    (emit_matmul._emit_zero_or_simple) goes block by block as a loop, runs right, and at
+    2000 rows (on meta) places most of its blocks."""
+    torch.manual_seed(0)
+    a, b = torch.randn(*batch, m, 50000), torch.randn(*batch, 50000, n)
+    got = torch.compile(torch.matmul, backend="neuron", options={"disk_cache": False})(a, b)
+    torch.testing.assert_close(got, a @ b, rtol=1e-4, atol=2e-3)
+    torch._dynamo.reset()
+    a, b = torch.empty(*batch, 2000, 50000, device="meta"), b.to("meta")
+    opts = {"disk_cache": False, "timing_only": True}
+    torch.compile(torch.matmul, backend="neuron", options=opts)(a, b)
+    exe = max((e for _, e in both_ways), key=lambda e: len(e.instructions))
+    assert sum(len(b.instructions) for b in exe.blocks) < len(exe.instructions) / 2
