@@ -386,7 +386,8 @@ def _emit_zero_or_simple(
     b_stride: int,
 ) -> None:
     """K == 0 (a zero result), or a K too long to keep A^T on chip: the plain tiled schedule,
-    A^T tiles loaded by DMA (element-strided unless `a_buf` already holds A^T), B tiles too
+    an instruction loop over the output blocks, A^T tiles loaded by DMA as rows of A^T (made
+    first by TensorE transposes where `a_buf` holds float A; else element-strided), B tiles too
     where `b_buf` holds W for B = W^T (a 2-D matmul). B (or W) starts at element b_first of
     `b_buf`, its rows b_stride apart."""
     b, t = ctx.b, ctx.target

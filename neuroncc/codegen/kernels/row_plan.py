@@ -27,12 +27,12 @@ their element count and walked in column chunks, like the unfused elementwise ke
 Note [wide rows]: a row too long for SBUF (a log-softmax over a 151936-word vocabulary: 594 KB
 of fp32 per row, against 224 KB per partition on trn2) is walked in column chunks too, where
 no value of the group is computed from a reduction made in it: each chunk's partial reduction
-is combined into a running [p, 1] accumulator, stored after the row's last chunk. A softmax
-over such rows is then three groups the fuse pass forms one after the other (its greedy run
-stops at the first node that reads a reduction): the row max; x - max, its exp and their sum;
-and the output from the log of the sum. Each reads its inputs from HBM once, where the unfused ops
-broadcast [rows, 1] values to full rows through HBM. Col and period values differ from chunk
-to chunk and are left out (such a group is not formed).
+is combined into a running [p, 1] accumulator, stored after the row's last chunk. The fuse
+pass's greedy run stops at the first node that reads a reduction, so a log-softmax over such
+rows becomes four kernels, each reading its inputs from HBM once: the row max; x - max, its exp
+and their sum (a group); the log of the sum ([rows, 1]); and the output (a group). Unfused, its
+[rows, 1] values were broadcast to full rows through HBM. Col and period values differ from
+chunk to chunk and are left out (such a group is not formed).
 """
 
 from __future__ import annotations
