@@ -100,10 +100,10 @@ graph @main(%0: f32[130,60000]) {
 """
 
 
-def test_a_log_softmax_over_rows_too_long_for_sbuf_is_three_chunked_kernels():
+def test_a_log_softmax_over_rows_too_long_for_sbuf_is_walked_in_chunks():
     """Note [wide rows]: 234 KB rows (trn2 has 224 KB per partition): the max; x - max, exp
-    and their sum; the output (the log of [130, 1] is an op of its own). Five passes over [130, 60000] fp32 where the
-    unfused ops broadcast each row value to full rows through HBM."""
+    and their sum (a group); the log of [130, 1]; the output (a group). Five passes over
+    [130, 60000] fp32, where the unfused ops broadcast row values to full rows through HBM."""
     g = parse(WIDE_LOG_SOFTMAX)
     fused = Fuse().run(g, CTX)
     assert [len(k) for k in fused.kernels] == [4, 2]  # (%1 and %6, alone, are no groups)
