@@ -39,12 +39,12 @@ from neuroncc.frontend.compile import (
 )
 from neuroncc.frontend.complex_pairs import to_pairs
 from neuroncc.frontend.decomp_attention import (
-    flash_attention_calls,
+    ATTENTION_CALLS,
     flash_attention_cpu,
     key_chunk_for,
 )
 from neuroncc.frontend.decomp_grouped_mm import add_library_ops
-from neuroncc.frontend.decomp_loss import cross_entropy_calls
+from neuroncc.frontend.decomp_loss import LOSS_CALLS
 from neuroncc.frontend.decompositions import DECOMPOSITIONS
 from neuroncc.frontend.dump import dump_graph, write_run_summary_at_exit
 from neuroncc.frontend.fx_import import ImportedGraph, import_fx
@@ -449,6 +449,18 @@ def _decompositions(target: str) -> dict:
     return DECOMPOSITIONS | {flash: functools.partial(flash_attention_cpu, key_chunk=chunk)}
 
 
+def _retarget(gm: torch.fx.GraphModule, calls: dict[Callable, Callable]) -> None:
+    """The Dynamo graph's calls of each key of `calls` made calls of its value, before
+    AOTAutograd traces them: Note [one attention op], Note [cross entropy traced]."""
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in calls:
+            node.target = calls[node.target]
+            changed = True
+    if changed:
+        gm.recompile()
+
+
 def _aot(
     gm: torch.fx.GraphModule,
     example_inputs: list,
@@ -467,8 +479,7 @@ def _aot(
         for kind in ("forward", "backward", "inference")
     }
     add_library_ops(DECOMPOSITIONS)
-    flash_attention_calls(gm)  # Note [one attention op]
-    cross_entropy_calls(gm)  # Note [cross entropy traced]
+    _retarget(gm, {**ATTENTION_CALLS, **LOSS_CALLS})
     backend = aot_autograd(
         fw_compiler=compilers["forward"],
         bw_compiler=compilers["backward"],

@@ -5,8 +5,8 @@ into the attention kernels (Note [attention kernel], Note [attention backward]).
 Note [one attention op]: `F.scaled_dot_product_attention` picks its kernel by device when it
 is traced: on CPU tensors the flash-attention op (whose backward is its own), on meta tensors
 (timing_only estimates) and on the `neuron` device the math form, which AOTAutograd
-differentiates op by op, saving P. `flash_attention_calls` rewrites the Dynamo graph's SDPA
-calls to the flash op wherever it computes the same thing (no dropout, 4-D), so every device
+differentiates op by op, saving P. The backend retargets the Dynamo graph's SDPA calls
+(ATTENTION_CALLS) to the flash op wherever it computes the same thing (no dropout, 4-D), so every device
 compiles one form.
 
 Note [attention saves its logsumexp]: `_scaled_dot_product_flash_attention_for_cpu` returns
@@ -200,18 +200,6 @@ ATTENTION_DECOMPOSITIONS = {
 }
 
 
-def flash_attention_calls(gm: torch.fx.GraphModule) -> int:
-    """Note [one attention op]: the graph's SDPA calls as the flash op; how many."""
-    count = 0
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target is _SDPA:
-            node.target = _flash_sdpa
-            count += 1
-    if count:
-        gm.recompile()
-    return count
-
-
 _SDPA = torch._C._nn.scaled_dot_product_attention
 
 
@@ -237,6 +225,10 @@ def _flash_sdpa(
         query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale
     )
     return out
+
+
+# Note [one attention op]: the Dynamo graph's calls the backend retargets (backend._aot).
+ATTENTION_CALLS = {_SDPA: _flash_sdpa}
 
 
 def key_chunk_for(sbuf_partition_bytes: int) -> int:

@@ -18,19 +18,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-
-def cross_entropy_calls(gm: torch.fx.GraphModule) -> int:
-    """The graph's F.cross_entropy calls as _cross_entropy; how many."""
-    count = 0
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target is _CROSS_ENTROPY:
-            node.target = _cross_entropy
-            count += 1
-    if count:
-        gm.recompile()
-    return count
-
-
 _CROSS_ENTROPY = F.cross_entropy
 
 
@@ -55,3 +42,7 @@ def _cross_entropy(
     if reduction == "sum":
         return losses.sum()
     return losses.sum() / kept.sum().to(losses.dtype)
+
+
+# The Dynamo graph's calls the backend retargets (backend._aot).
+LOSS_CALLS = {_CROSS_ENTROPY: _cross_entropy}
