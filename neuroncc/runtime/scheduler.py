@@ -49,11 +49,11 @@ KEY_NS = 3  # decimal places of ns a memo key keeps: 1 ps
 @dataclass(frozen=True)
 class Schedule:
     """Per instruction of the unrolled stream: start and end in ns, and the track it ran on
-    (engine or DMA queue)."""
+    (engine or DMA queue). Without `detail` (schedule's), only the ends."""
 
-    start: np.ndarray
+    start: np.ndarray | None
     end: np.ndarray
-    track: list[str]
+    track: list[str] | None
 
 
 class _Timeline:
@@ -83,14 +83,17 @@ class _Timeline:
             del starts[i + 1], ends[i + 1]
         return t
 
-    def tail(self, floor: float, origin: float) -> tuple[tuple[float, float], ...]:
+    def tail(self, floor: float, origin: float) -> np.ndarray:
         """The intervals that end after `floor`, clipped to start at it, relative to origin:
-        all that a placement at or after floor can meet."""
+        all that a placement at or after floor can meet. An array of (start, end) rows: the
+        memos keep a tail per kernel and call they remember, and a kernel's runs to its
+        whole stream of DMAs (as tuples of floats they held gigabytes)."""
         i = bisect.bisect_right(self.ends, floor)
-        return tuple(
-            (max(s, floor) - origin, e - origin)
-            for s, e in zip(self.starts[i:], self.ends[i:], strict=True)
-        )
+        out = np.empty((len(self.starts) - i, 2))
+        out[:, 0], out[:, 1] = self.starts[i:], self.ends[i:]
+        np.maximum(out[:, 0], floor, out=out[:, 0])
+        out -= origin
+        return out
 
     def replace_tail(self, floor: float, origin: float, tail) -> None:
         """Make the part after `floor` the given tail (relative to origin)."""
@@ -100,8 +103,7 @@ class _Timeline:
             ends[i] = floor
             i += 1
         del starts[i:], ends[i:]
-        for s, e in tail:
-            s, e = s + origin, e + origin
+        for s, e in (tail + origin).tolist():
             if ends and ends[-1] >= s:
                 ends[-1] = max(ends[-1], e)
             else:
@@ -109,8 +111,9 @@ class _Timeline:
                 ends.append(e)
 
 
-def _key_tail(tail) -> tuple:
-    return tuple((round(s, KEY_NS), round(e, KEY_NS)) for s, e in tail)
+def _key_tail(tail: np.ndarray) -> bytes:
+    """A tail as a memo key holds it: to the key's picoseconds (+ 0.0: no -0.0)."""
+    return (np.round(tail, KEY_NS) + 0.0).tobytes()
 
 
 class _Scheduler:
@@ -331,23 +334,29 @@ class _Effect:
     end: np.ndarray
     free_at: tuple[float, ...]  # per engine of the block (plan.engines)
     pe: tuple[float, ...]  # issued, lanes (relative); warm-up (absolute)
-    dma_tails: tuple  # per DMA engine from the call's first, then HBM: tails after dma_floor
+    dma_tails: tuple[np.ndarray, ...]  # per DMA engine from the call's first, then HBM: tails
+    # after dma_floor
     dealt: int  # DMA engine shares dealt
     busy: tuple[float, ...]  # per engine of the block
     throttled_ns: float
     dma_engine_ns: float
 
 
-def schedule(exe: Executable, t: Target, memo: bool = True) -> tuple[Schedule, _Scheduler]:
+def schedule(
+    exe: Executable, t: Target, memo: bool = True, detail: bool = True
+) -> tuple[Schedule, _Scheduler]:
     """The schedule of exe's unrolled stream, timed kernel by kernel where a kernel meets a
-    state met before (Note [timing by kernel]), else call by call (Note [timing by call])."""
+    state met before (Note [timing by kernel]), else call by call (Note [timing by call]).
+    `detail=False` keeps only the ends, which waits across kernels and the total need: a
+    model's stream runs to 10^8 instructions, and its starts and tracks (for timelines)
+    would hold gigabytes."""
     sizes = [len(b.instructions) for b in exe.blocks]
     n = sum(sizes[c.block] for c in exe.calls)
-    start, end = np.zeros(n), np.zeros(n)
+    start, end = np.zeros(n) if detail else None, np.zeros(n)
     state = _Scheduler(t)
     effects: dict[tuple, _Effect] = {}
     kernels = _KernelMemo(exe, state)
-    track: list[str] = []
+    track: list[str] | None = [] if detail else None
     base = 0
     for k0, k1 in _kernel_spans(exe.calls):
         visit = kernels.visit(k0, k1, base, end) if memo else None
@@ -357,9 +366,12 @@ def schedule(exe: Executable, t: Target, memo: bool = True) -> tuple[Schedule, _
         at = base
         for call in exe.calls[k0:k1]:
             base = _place_call(exe, state, call, base, start, end, effects if memo else None)
-            track += state.plans[call.block].tracks(call.phase, exe.shared_queues)[1]
+            if track is not None:
+                track += state.plans[call.block].tracks(call.phase, exe.shared_queues)[1]
         if visit is not None:
-            visit.record(state, start[at:base], end[at:base], track[len(track) - (base - at) :])
+            starts = start[at:base] if start is not None else None
+            tracks = track[len(track) - (base - at) :] if track is not None else None
+            visit.record(state, starts, end[at:base], tracks)
     return Schedule(start, end, track), state
 
 
@@ -376,13 +388,16 @@ def _place_call(exe, state: _Scheduler, call, base: int, start, end, effects) ->
     effect = effects.get((call.block, entry.key)) if effects is not None else None
     stop = base + len(plan.steps)
     if effect is None:
-        effect, start[base:stop], end[base:stop] = _time_call(state, plan, tracks, entry, t)
+        effect, starts, end[base:stop] = _time_call(state, plan, tracks, entry, t)
+        if start is not None:
+            start[base:stop] = starts
         if effects is not None:
             effects[call.block, entry.key] = effect
     else:
         _apply(state, plan, tracks, entry, effect)
         state.calls_replayed += 1
-        start[base:stop] = effect.start + entry.origin
+        if start is not None:
+            start[base:stop] = effect.start + entry.origin
         end[base:stop] = effect.end + entry.origin
     return stop
 
@@ -589,13 +604,14 @@ class _KernelShape:
 class _KernelEffect:
     """What timing a kernel did, relative to its floor: replayed on a memo hit."""
 
-    start: np.ndarray
+    start: np.ndarray | None  # (None: timed without detail, as are the next)
     end: np.ndarray
-    track: list[str]  # per instruction, with the kernel's first queue at `phase`
+    track: list[str] | None  # per instruction, with the kernel's first queue at `phase`
     phase: int
     free_at: tuple[float | None, ...]  # per track of the shape (None: left as it was)
     pe: tuple[float, ...]  # issued, lanes (relative); warm-up (absolute)
-    dma_tails: tuple  # per DMA engine from the kernel's first, then HBM: tails after the floor
+    dma_tails: tuple[np.ndarray, ...]  # per DMA engine from the kernel's first, then HBM:
+    # tails after the floor
     dealt: int
     busy: tuple[float, ...]  # per track of the shape
     last_writes: tuple[tuple[str, tuple], ...]
@@ -741,7 +757,7 @@ class _KernelVisit:
             self.free = tuple(state.free_at[tr] for tr in tracks)
             self.throttled_ns, self.dma_engine_ns = state.throttled_ns, state.dma_engine_ns
 
-    def record(self, state: _Scheduler, start, end, track: list[str]) -> None:
+    def record(self, state: _Scheduler, start, end, track: list[str] | None) -> None:
         """The kernel was timed call by call: remember what it did."""
         f, shape = self.floor, self.shape
         pe: tuple = ()
@@ -752,7 +768,7 @@ class _KernelVisit:
         if shape.uses_dma:
             tails = tuple(tl.tail(f, f) for tl in _dealt(state, self.first_engine))
         self.memo.effects[self.key] = _KernelEffect(
-            start=start - f,
+            start=start - f if start is not None else None,
             end=end - f,
             track=track,
             phase=self.phase,
@@ -770,7 +786,7 @@ class _KernelVisit:
             calls=self.calls,
         )
 
-    def apply(self, state: _Scheduler, start, end, track: list[str]) -> int:
+    def apply(self, state: _Scheduler, start, end, track: list[str] | None) -> int:
         """Place the kernel from its recorded effect; the stream position after it."""
         e, f, shape = self.effect, self.floor, self.shape
         assert e is not None
@@ -792,9 +808,11 @@ class _KernelVisit:
         state.dma_engine_ns += e.dma_engine_ns
         state.calls_replayed += e.calls
         state.kernels_replayed += 1
-        stop = self.base + len(e.start)
-        start[self.base : stop] = e.start + f
+        stop = self.base + len(e.end)
         end[self.base : stop] = e.end + f
+        if start is None or track is None or e.start is None or e.track is None:
+            return stop  # (timed without detail)
+        start[self.base : stop] = e.start + f
         if e.phase == self.phase:
             track += e.track
         else:  # the same queues, turned on

@@ -257,7 +257,7 @@ def _block_cost(block, plan, t: Target) -> _BlockCost:
 
 
 def time_executable(exe: Executable, t: Target) -> Profile:
-    sched, state = schedule(exe, t)
+    sched, state = schedule(exe, t, detail=False)
     counts: Counter[str] = Counter()
     kinds = {b.name: b.kind for b in exe.buffers}
     flops = hw_flops = read = write = spill = dma_payload = 0

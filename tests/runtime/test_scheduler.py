@@ -28,6 +28,9 @@ def _same_schedule(exe, target) -> tuple[int, int]:
     np.testing.assert_allclose(memo.start, fresh.start, rtol=0, atol=1e-9 * scale + 1e-2)
     np.testing.assert_allclose(memo.end, fresh.end, rtol=0, atol=1e-9 * scale + 1e-2)
     assert memo.track == fresh.track
+    lean, _ = schedule(exe, target, detail=False)  # what time_executable keeps: the ends
+    assert lean.start is None and lean.track is None
+    np.testing.assert_array_equal(lean.end, memo.end)
     return state.calls_replayed, state.kernels_replayed
 
 
