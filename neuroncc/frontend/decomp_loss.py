@@ -44,5 +44,38 @@ def _cross_entropy(
     return losses.sum() / kept.sum().to(losses.dtype)
 
 
+# Note [where with a scalar traced]: the same PyTorch bug, in user code. `torch.where(cond,
+# x, 0.0)` (a Python scalar beside a tensor) traced by AOTAutograd on meta tensors gives x no
+# gradient: its backward returns None, so an estimated training step silently leaves out
+# every gradient that flows through it. With the scalar as a 0-dim tensor it has one. The
+# Dynamo graph's torch.where calls with one tensor and one Python scalar among the two
+# values get the scalar as a 0-dim tensor of the dtype PyTorch gives that scalar (bool,
+# int64, the default float), which promotes as the scalar did: a dimensioned operand of its
+# kind keeps its dtype. On every device, as cross entropy's rewrite is.
+_WHERE = torch.where
+
+
+def _scalar_dtype(s) -> torch.dtype | None:
+    if isinstance(s, bool):
+        return torch.bool
+    if isinstance(s, int):
+        return torch.int64
+    if isinstance(s, float):
+        return torch.get_default_dtype()
+    return None  # (complex, symbolic: left as they are)
+
+
+def _where(condition, *args, **kwargs):
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if len(args) != 2 or kwargs or len(tensors) != 1 or not tensors[0].requires_grad:
+        return _WHERE(condition, *args, **kwargs)
+    like = tensors[0]
+    values = []
+    for a in args:
+        dtype = None if a is like else _scalar_dtype(a)
+        values.append(a if dtype is None else torch.full((), a, dtype=dtype, device=like.device))
+    return _WHERE(condition, *values)
+
+
 # The Dynamo graph's calls the backend retargets (backend._aot).
-LOSS_CALLS = {_CROSS_ENTROPY: _cross_entropy}
+LOSS_CALLS = {_CROSS_ENTROPY: _cross_entropy, _WHERE: _where}

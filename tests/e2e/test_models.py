@@ -447,3 +447,29 @@ def test_cross_entropy_trains_on_cpu_and_on_meta(fresh, reduction):
     graphs = neuroncc.stats()["graphs"]
     backward = [g for name, g in graphs.items() if name.endswith("_backward")]
     assert backward and all(g["device_seconds"] > 0 for g in backward)
+
+
+def test_where_with_a_scalar_trains_on_meta(fresh):
+    """Note [where with a scalar traced]: torch.where with a Python scalar beside x gives x its
+    gradient on meta as on CPU (PyTorch's trace on meta returned none: a backward of 0 s), and
+    on CPU the results equal eager's."""
+
+    def f(x):
+        return torch.where(x > 0, x * 2, 0.0).sum() + torch.where(x > 1, 1.5, x).sum()
+
+    times = {}
+    for device in ("cpu", "meta"):
+        torch._dynamo.reset()
+        neuroncc.reset_stats()
+        x = torch.randn(64, 64, device=device, requires_grad=True)
+        opts = {"disk_cache": False, "timing_only": device == "meta"}
+        got = torch.compile(f, backend="neuron", options=opts)(x)
+        got.backward()
+        if device == "cpu":
+            want = x.detach().clone().requires_grad_()
+            torch.testing.assert_close(got, f(want), **TOL)
+            f(want).backward()
+            torch.testing.assert_close(x.grad, want.grad, **TOL)
+        graphs = neuroncc.stats()["graphs"]
+        times[device] = [g["device_seconds"] for name, g in graphs.items() if "backward" in name]
+    assert times["meta"] == times["cpu"] and all(t > 0 for t in times["meta"]), times
