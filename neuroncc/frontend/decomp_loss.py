@@ -10,7 +10,8 @@ a masked_fill: `torch.where(mask, x, 0.0)`, a Python scalar beside a tensor, los
 gradient the same way on meta (aten's nll_loss decomposition is made of such wheres). Calls this
 does not cover (class weights, label smoothing, probabilities as targets, the deprecated
 size_average / reduce) stay PyTorch's. On every device, so that an estimate on meta compiles
-what a run on CPU compiles.
+what a run on CPU compiles. The same bug in a model's own torch.where calls: Note [where with
+a scalar traced], below.
 """
 
 from __future__ import annotations
