@@ -51,6 +51,12 @@ class DType(enum.Enum):
     def is_int(self) -> bool:
         return self in (DType.I64, DType.I32, DType.I16, DType.I8, DType.U8)
 
+    @property
+    def accumulator(self) -> DType:
+        """What a reduction over values of this dtype accumulates in: fp32 for floats, else
+        int64."""
+        return DType.F32 if self.is_float else DType.I64
+
     @staticmethod
     def from_torch(dt: torch.dtype) -> DType:
         for k, v in _torch_dtypes().items():

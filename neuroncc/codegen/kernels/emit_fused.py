@@ -415,7 +415,7 @@ def _chunk_reduce(k: RowKernel, n: Node, dst, src, rp: int, c0: int, f: int):
     running accumulator, each later one's combined into it. After the rows' last chunk, the
     result in `dst` (or the accumulator, where it has the result's dtype); else None."""
     b = k.ctx.b
-    acc_dt = DType.F32 if n.inputs[0].type.dtype.is_float else DType.I64
+    acc_dt = n.inputs[0].type.dtype.accumulator
     op = REDUCE_OPS[n.op]
     if c0 == 0:
         running = k.running[n.out.id] = k.acc_pool.tile(rp, (1,), acc_dt)
@@ -573,7 +573,7 @@ def _tile_ops(k: RowKernel, r0: int, rp: int, c0: int, f: int, tiles: dict, pass
             if dst is None:  # the rows' later chunks add to it
                 continue
         elif n.op in REDUCE_OPS:
-            acc_dt = DType.F32 if n.inputs[0].type.dtype.is_float else DType.I64
+            acc_dt = n.inputs[0].type.dtype.accumulator
             acc = dst if dst.dtype == acc_dt else k.row_pool.tile(rp, (1,), acc_dt)
             b.emit(isa.TensorReduce("dve", op=REDUCE_OPS[n.op], dst=acc, src=srcs[0]))
             if acc is not dst:

@@ -38,7 +38,7 @@ def emit_reduce(ctx: EmitCtx, n: Node) -> None:
     rows = math.prod(t.shape[: t.rank - nred])
     k = math.prod(t.shape[t.rank - nred :])
     op = _REDUCE_OP[n.op]
-    acc_dt = DType.F32 if t.dtype.is_float else DType.I64
+    acc_dt = t.dtype.accumulator
     odt = n.out.type.dtype
     src, out = ctx.buf(x), ctx.alloc(n.out)
     fmax = TILE_BYTES // t.dtype.itemsize
