@@ -44,7 +44,7 @@ from neuroncc.frontend.decomp_attention import (
     key_chunk_for,
 )
 from neuroncc.frontend.decomp_grouped_mm import add_library_ops
-from neuroncc.frontend.decomp_loss import LOSS_CALLS
+from neuroncc.frontend.decomp_loss import GRADIENT_CALLS
 from neuroncc.frontend.decompositions import DECOMPOSITIONS
 from neuroncc.frontend.dump import dump_graph, write_run_summary_at_exit
 from neuroncc.frontend.fx_import import ImportedGraph, import_fx
@@ -451,7 +451,8 @@ def _decompositions(target: str) -> dict:
 
 def _retarget(gm: torch.fx.GraphModule, calls: dict[Callable, Callable]) -> None:
     """The Dynamo graph's calls of each key of `calls` made calls of its value, before
-    AOTAutograd traces them: Note [one attention op], Note [cross entropy traced]."""
+    AOTAutograd traces them: Note [one attention op], Note [cross entropy traced], Note
+    [where with a scalar traced]."""
     changed = False
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in calls:
@@ -479,7 +480,7 @@ def _aot(
         for kind in ("forward", "backward", "inference")
     }
     add_library_ops(DECOMPOSITIONS)
-    _retarget(gm, {**ATTENTION_CALLS, **LOSS_CALLS})
+    _retarget(gm, {**ATTENTION_CALLS, **GRADIENT_CALLS})
     backend = aot_autograd(
         fw_compiler=compilers["forward"],
         bw_compiler=compilers["backward"],

@@ -6,8 +6,8 @@ Note [one attention op]: `F.scaled_dot_product_attention` picks its kernel by de
 is traced: on CPU tensors the flash-attention op (whose backward is its own), on meta tensors
 (timing_only estimates) and on the `neuron` device the math form, which AOTAutograd
 differentiates op by op, saving P. The backend retargets the Dynamo graph's SDPA calls
-(ATTENTION_CALLS) to the flash op wherever it computes the same thing (no dropout, 4-D), so every device
-compiles one form.
+(ATTENTION_CALLS) to the flash op wherever it computes the same thing (no dropout, 4-D), so
+every device compiles one form.
 
 Note [attention saves its logsumexp]: `_scaled_dot_product_flash_attention_for_cpu` returns
 the output and the rows' logsumexp, and its backward recomputes the probabilities P from Q,

@@ -78,5 +78,6 @@ def _where(condition, *args, **kwargs):
     return _WHERE(condition, *values)
 
 
-# The Dynamo graph's calls the backend retargets (backend._aot).
-LOSS_CALLS = {_CROSS_ENTROPY: _cross_entropy, _WHERE: _where}
+# The Dynamo graph's calls the backend retargets (backend._aot) so that their gradients are
+# traced on meta too: cross entropy's and where's (not only losses).
+GRADIENT_CALLS = {_CROSS_ENTROPY: _cross_entropy, _WHERE: _where}

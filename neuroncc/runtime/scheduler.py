@@ -813,8 +813,8 @@ class _KernelVisit:
         state.kernels_replayed += 1
         stop = self.base + len(e.end)
         end[self.base : stop] = e.end + f
-        if start is None or track is None or e.start is None or e.track is None:
-            return stop  # (timed without detail)
+        if start is None:  # timed without detail (then no effect has starts or tracks)
+            return stop
         start[self.base : stop] = e.start + f
         if e.phase == self.phase:
             track += e.track
