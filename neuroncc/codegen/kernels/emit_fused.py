@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from neuroncc.codegen.executable.loops import MIN_LOOP
 from neuroncc.codegen.hardware import isa
 from neuroncc.codegen.kernels.emit import EmitCtx, P, _compute_instr, rect
 from neuroncc.codegen.kernels.engine_balance import EngineBalancer
@@ -37,6 +38,7 @@ from neuroncc.ir.ops import Kind, Op
 from neuroncc.ir.types import DType
 
 PAIRED_ROW_BYTES = 4096  # row kernels issue two steps at a time up to this row size
+BALANCE_GROUPS = 2  # a long loop's groups restart the engine balance this often
 GEN_COLS = 128  # generated tiles are this wide at most (one key tile), and kept for reuse
 GEN_CACHED = 4
 GENERATED_BYTES = GEN_CACHED * GEN_COLS + 2 * GEN_COLS * 4  # their pool and the iotas'
@@ -82,11 +84,22 @@ def emit_fused(
     loaded = prefetch(groups[0])
     periods = [v.type.numel // p.cols for v in _inputs(nodes) if p.kind.get(v.id) == "period"]
 
+    # Where a step lies in its rows: its column, where a step's instructions read it (a
+    # generated mask's iota base, a slice of constants that hold the whole row); otherwise
+    # only whether it is a row's first chunk (it starts the running reductions) or last (it
+    # ends them). The chunks between are alike, at addresses affine in their index: a row
+    # of a 151936-word vocabulary is one loop, not 75 distinct chunks (Note [wide rows] in row_plan.py).
+    by_column = bool(kernel.generated) or kernel.whole_rows
+
+    def where(c0: int, f: int) -> tuple:
+        return (c0,) if by_column else (c0 == 0, c0 + f == p.cols)
+
     def shape(i: int) -> tuple | None:
         if i == len(groups):
             return None
         return tuple(
-            (rp, c0, f, r0 == 0, tuple(r0 % n for n in periods)) for r0, rp, c0, f in groups[i]
+            (rp, where(c0, f), f, r0 == 0, tuple(r0 % n for n in periods))
+            for r0, rp, c0, f in groups[i]
         )
 
     # Note [instruction loops]: a group is fixed by its steps' shapes, where they lie in their
@@ -96,7 +109,10 @@ def emit_fused(
     def state() -> tuple:
         return tuple(tuple(given.items()) for given in loaded), kernel.loop_state()
 
+    looped = len(groups) >= MIN_LOOP
     for i in ctx.b.loop(forms, state):
+        if looped and i % BALANCE_GROUPS == 0:  # Note [balance in loops]
+            kernel.balance.restart()
         ahead = prefetch(groups[i + 1]) if i + 1 < len(groups) else []
         kernel.steps([(*spec, given) for spec, given in zip(groups[i], loaded, strict=True)])
         loaded = ahead

@@ -32,7 +32,7 @@ from collections.abc import Container, Sequence
 from dataclasses import dataclass
 
 from neuroncc.codegen.executable.builder import ALIGN
-from neuroncc.codegen.executable.loops import loop_bufs
+from neuroncc.codegen.executable.loops import MIN_LOOP, loop_bufs
 from neuroncc.codegen.hardware import costs, isa
 from neuroncc.codegen.hardware.targets import Target
 from neuroncc.codegen.kernels.emit import EmitCtx, P, rect, register
@@ -51,6 +51,7 @@ SBUF_SHARE = 0.7  # of a partition, for A^T of one M block
 A_CHUNK_TILES = 8  # 128-column tiles of A per load
 TRANSPOSE_RUN_BYTES = 2048  # contiguous bytes per partition row in a transpose's DMAs
 O_BUFS = 4  # result tiles out of PSUM at once
+K_GROUP = 8  # K tiles per step of the plain schedule (_emit_zero_or_simple)
 
 
 @dataclass(frozen=True)
@@ -325,6 +326,8 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
         )
 
     for si in b.loop(forms, state):
+        if epi is not None and len(steps) >= MIN_LOOP:  # Note [balance in loops]
+            epi.balance.restart()
         step = steps[si]
         bnum, (bi, mrows), n0, width = step
         o_off = bi * m * nn
@@ -408,40 +411,57 @@ def _emit_zero_or_simple(
     b_pool = b.sbuf_pool(nt_max * dt.itemsize, bufs=2)
     o_pool = b.sbuf_pool(nt_max * odt.itemsize, bufs=2)
     ps_pool = b.psum_pool(bufs=2)
-    blocks = [
-        (bi, m0, n0)
+    # Steps: a block of the output and a group of its K tiles. A step of each K tile's
+    # loads and product would be a block of 3 * K / 128 instructions (3561 at the LM head's
+    # input gradient, K = 151936), emitted whole for each block; in groups, the groups
+    # between a block's first and last are alike and the loop places them.
+    kt_n = -(-k // kt_max)
+    groups = max(1, -(-kt_n // K_GROUP))
+    steps = [
+        (bi, m0, n0, g)
         for bi in range(math.prod(batch))
         for m0 in range(0, m, mt_max)
         for n0 in range(0, nn, nt_max)
+        for g in range(groups)
     ]
-    # An instruction loop over the output blocks: addresses are affine in a run of blocks
-    # whose forms repeat once the first of a row of blocks and of a matrix are marked.
-    forms = [(min(mt_max, m - m0), min(nt_max, nn - n0), m0 == 0, n0 == 0) for _, m0, n0 in blocks]
-    for i in b.loop(forms):
-        bi, m0, n0 = blocks[i]
+    # An instruction loop over the steps: addresses are affine in a run of steps whose forms
+    # repeat once the first of a row of blocks and of a matrix, and a block's first and last
+    # group, are marked.
+    forms = [
+        (min(mt_max, m - m0), min(nt_max, nn - n0), m0 == 0, n0 == 0, g == 0, g + 1 == groups)
+        for _, m0, n0, g in steps
+    ]
+    acc: list[isa.TileRef | None] = [None]  # the block's accumulator, through its groups
+    for i in b.loop(forms, lambda: acc[0]):
+        bi, m0, n0, g = steps[i]
         a_off, b_off, o_off = bi * m * k, b_first + bi * k * b_stride, bi * m * nn
         mt, nt = min(mt_max, m - m0), min(nt_max, nn - n0)
+        if k and g == 0:
+            acc[0] = ps_pool.tile(mt, (nt,), DType.F32)
+        ps = acc[0]
+        for ki in range(g * K_GROUP, min(kt_n, (g + 1) * K_GROUP)):
+            k0 = ki * kt_max
+            kt = min(kt_max, k - k0)
+            at = a_pool.tile(kt, (mt,), dt)
+            if a_is_transposed:
+                src = rect(a_buf, dt, a_off + k0 * m + m0, m, kt, mt)
+            else:
+                src = isa.DramRef(a_buf, a_off + m0 * k + k0, dt, ((1, kt), (k, mt)))
+            b.dma(at, src)
+            bt = b_pool.tile(kt, (nt,), dt)
+            if b_is_transposed:
+                first = b_first + n0 * b_stride + k0
+                src = isa.DramRef(b_buf, first, dt, ((1, kt), (b_stride, nt)))
+            else:
+                src = rect(b_buf, dt, b_off + k0 * b_stride + n0, b_stride, kt, nt)
+            b.dma(bt, src)
+            b.emit(isa.Matmul("pe", dst=ps, stationary=at, moving=bt, accumulate=ki > 0))
+        if g + 1 < groups:
+            continue
         ot = o_pool.tile(mt, (nt,), odt)
         if k == 0:
             b.emit(isa.Memset("pool", dst=ot, value=0.0))
         else:
-            ps = ps_pool.tile(mt, (nt,), DType.F32)
-            for ki, k0 in enumerate(range(0, k, kt_max)):
-                kt = min(kt_max, k - k0)
-                at = a_pool.tile(kt, (mt,), dt)
-                if a_is_transposed:
-                    src = rect(a_buf, dt, a_off + k0 * m + m0, m, kt, mt)
-                else:
-                    src = isa.DramRef(a_buf, a_off + m0 * k + k0, dt, ((1, kt), (k, mt)))
-                b.dma(at, src)
-                bt = b_pool.tile(kt, (nt,), dt)
-                if b_is_transposed:
-                    first = b_first + n0 * b_stride + k0
-                    src = isa.DramRef(b_buf, first, dt, ((1, kt), (b_stride, nt)))
-                else:
-                    src = rect(b_buf, dt, b_off + k0 * b_stride + n0, b_stride, kt, nt)
-                b.dma(bt, src)
-                b.emit(isa.Matmul("pe", dst=ps, stationary=at, moving=bt, accumulate=ki > 0))
             b.emit(isa.TensorCopy("act", dst=ot, src=ps))
         b.dma(rect(out, odt, o_off + m0 * nn + n0, nn, mt, nt), ot)
 
