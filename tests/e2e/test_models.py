@@ -18,6 +18,7 @@ from neuroncc.examples import GPTConfig, TinyGPT, example_batch
 from neuroncc.options import CompileOptions
 from neuroncc.runtime import executor
 from neuroncc.runtime.cache import GRAPH_CACHE
+from neuroncc.runtime.stats import STATS
 
 TOL = {"rtol": 1e-4, "atol": 1e-5}
 SMALL = GPTConfig(vocab=64, seq=8, dim=32, heads=4, layers=1)
@@ -473,3 +474,25 @@ def test_where_with_a_scalar_trains_on_meta(fresh):
         graphs = neuroncc.stats()["graphs"]
         times[device] = [g["device_seconds"] for name, g in graphs.items() if "backward" in name]
     assert times["meta"] == times["cpu"] and all(t > 0 for t in times["meta"]), times
+
+
+def test_grouped_query_key_gradient_is_a_batched_sum(fresh):
+    """A key head shared by 4 query heads (transformers' repeat_kv) gets the sum of their
+    gradients: a reduction over a middle axis, made a batched matmul with ones (simplify's
+    _column_sum), equal to eager's; no transpose is left in the backward."""
+
+    def f(k, q):
+        shared = k[:, :, None].expand(1, 2, 4, 256, 64).reshape(1, 8, 256, 64)
+        return (shared * q).sum()
+
+    k = torch.randn(1, 2, 256, 64, requires_grad=True)
+    q = torch.randn(1, 8, 256, 64)
+    got = torch.compile(f, backend="neuron", options={"disk_cache": False})(k, q)
+    got.backward()
+    want = k.detach().clone().requires_grad_()
+    f(want, q).backward()
+    torch.testing.assert_close(k.grad, want.grad, **TOL)
+    (backward,) = [c.exe for name, c in STATS.executed().items() if "backward" in name]
+    kernels = [k.name for k in backward.kernels]
+    assert any(k.startswith("matmul") for k in kernels)
+    assert not any(k.startswith("transpose") for k in kernels), kernels

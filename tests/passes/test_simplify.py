@@ -170,29 +170,36 @@ COLUMN_SUM = """graph @main(%0: f32[4,6,8]) {
   %4 = reduce_sum %3 {axes=[2], keepdim=false} : f32[6,8]
   %5 = transpose %0 {perm=[0,2,1]} : f32[4,8,6]
   %6 = reduce_sum %5 {axes=[2], keepdim=false} : f32[4,8]
-  return %2, %4, %6
+  %7 = transpose %0 {perm=[2,1,0]} : f32[8,6,4]
+  %8 = reduce_sum %7 {axes=[2], keepdim=false} : f32[8,6]
+  return %2, %4, %6, %8
 }
 """
 
 COLUMN_SUM_AFTER = """graph @main(%0: f32[4,6,8]) {
-  %7 = reshape %0 {shape=[24,8]} : f32[24,8]
-  %8 = full {shape=[1,24], value=1.0, dtype=f32} : f32[1,24]
-  %9 = matmul %8, %7 : f32[1,8]
-  %10 = reshape %9 {shape=[8]} : f32[8]
-  %11 = reshape %0 {shape=[4,48]} : f32[4,48]
-  %12 = full {shape=[1,4], value=1.0, dtype=f32} : f32[1,4]
-  %13 = matmul %12, %11 : f32[1,48]
-  %14 = reshape %13 {shape=[6,8]} : f32[6,8]
-  %5 = transpose %0 {perm=[0,2,1]} : f32[4,8,6]
-  %6 = reduce_sum %5 {axes=[2], keepdim=false} : f32[4,8]
-  return %10, %14, %6
+  %9 = reshape %0 {shape=[24,8]} : f32[24,8]
+  %10 = full {shape=[1,24], value=1.0, dtype=f32} : f32[1,24]
+  %11 = matmul %10, %9 : f32[1,8]
+  %12 = reshape %11 {shape=[8]} : f32[8]
+  %13 = reshape %0 {shape=[4,48]} : f32[4,48]
+  %14 = full {shape=[1,4], value=1.0, dtype=f32} : f32[1,4]
+  %15 = matmul %14, %13 : f32[1,48]
+  %16 = reshape %15 {shape=[6,8]} : f32[6,8]
+  %18 = full {shape=[4,1,6], value=1.0, dtype=f32} : f32[4,1,6]
+  %19 = matmul %18, %0 : f32[4,1,8]
+  %20 = reshape %19 {shape=[4,8]} : f32[4,8]
+  %7 = transpose %0 {perm=[2,1,0]} : f32[8,6,4]
+  %8 = reduce_sum %7 {axes=[2], keepdim=false} : f32[8,6]
+  return %12, %16, %20, %8
 }
 """
 
 
-def test_sums_over_leading_axes_are_matmuls_with_ones():
-    """The reductions the lowering writes as transpose-then-reduce-last over x's first axes
-    become ones @ x; a reduction over an axis that is not leading stays as it is."""
+def test_sums_over_leading_or_middle_axes_are_matmuls_with_ones():
+    """The reductions the lowering writes as transpose-then-reduce-last over a run of x's
+    axes become ones @ x: over its first axes a matrix product, over axes after leading ones
+    a batched one (a grouped-query attention's key gradient); a reduction whose kept axes
+    the transpose reorders stays as it is."""
     g = parse(COLUMN_SUM)
     after = Simplify().run(g, CTX)
     assert print_graph(after) == COLUMN_SUM_AFTER
