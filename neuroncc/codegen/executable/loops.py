@@ -68,6 +68,11 @@ class _Iteration:
 class LoopBuilder:
     """ProgramBuilder's loops."""
 
+    @staticmethod
+    def builds_by_iteration(n: int) -> bool:
+        """Whether a loop of n iterations is built an iteration at a time (MIN_LOOP)."""
+        return n >= MIN_LOOP
+
     def loop(
         self, forms: Sequence[Hashable], state: Callable[[], Hashable] = tuple
     ) -> Iterator[int]:
@@ -84,7 +89,7 @@ class LoopBuilder:
             raise CodegenError("a loop runs inside a kernel, and not inside another loop")
         seen: list[_Iteration] = []
         i, n = 0, len(forms)
-        if n < MIN_LOOP:  # too short to repeat much: one block with the rest of the kernel
+        if not self.builds_by_iteration(n):  # too short to repeat much: one block with the rest
             yield from range(n)
             return
         self._close_segment()

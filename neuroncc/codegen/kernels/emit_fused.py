@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from neuroncc.codegen.executable.loops import MIN_LOOP
 from neuroncc.codegen.hardware import isa
 from neuroncc.codegen.kernels.emit import EmitCtx, P, _compute_instr, rect
 from neuroncc.codegen.kernels.engine_balance import EngineBalancer
@@ -109,7 +108,7 @@ def emit_fused(
     def state() -> tuple:
         return tuple(tuple(given.items()) for given in loaded), kernel.loop_state()
 
-    looped = len(groups) >= MIN_LOOP
+    looped = ctx.b.builds_by_iteration(len(groups))
     for i in ctx.b.loop(forms, state):
         if looped and i % BALANCE_GROUPS == 0:  # Note [balance in loops]
             kernel.balance.restart()

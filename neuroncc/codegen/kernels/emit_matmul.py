@@ -32,7 +32,7 @@ from collections.abc import Container, Sequence
 from dataclasses import dataclass
 
 from neuroncc.codegen.executable.builder import ALIGN
-from neuroncc.codegen.executable.loops import MIN_LOOP, loop_bufs
+from neuroncc.codegen.executable.loops import loop_bufs
 from neuroncc.codegen.hardware import costs, isa
 from neuroncc.codegen.hardware.targets import Target
 from neuroncc.codegen.kernels.emit import EmitCtx, P, rect, register
@@ -51,7 +51,7 @@ SBUF_SHARE = 0.7  # of a partition, for A^T of one M block
 A_CHUNK_TILES = 8  # 128-column tiles of A per load
 TRANSPOSE_RUN_BYTES = 2048  # contiguous bytes per partition row in a transpose's DMAs
 O_BUFS = 4  # result tiles out of PSUM at once
-K_GROUP = 8  # K tiles per step of the plain schedule (_emit_zero_or_simple)
+K_GROUP = 32  # K tiles per step of the plain schedule (_emit_zero_or_simple)
 
 
 @dataclass(frozen=True)
@@ -325,8 +325,9 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
             epi.loop_state() if epi is not None else None,
         )
 
+    looped = b.builds_by_iteration(len(steps))
     for si in b.loop(forms, state):
-        if epi is not None and len(steps) >= MIN_LOOP:  # Note [balance in loops]
+        if epi is not None and looped:  # Note [balance in loops]
             epi.balance.restart()
         step = steps[si]
         bnum, (bi, mrows), n0, width = step
