@@ -62,12 +62,25 @@ def listing(exe: Executable) -> str:
     return _template().render(exe=exe, kernels=kernels, describe=describe)
 
 
-def _runs(placed: list[int]) -> str:
-    """Block numbers with repeats counted: "3, 4 x12, 5"."""
-    runs: list[list[int]] = []
-    for b in placed:
-        if runs and runs[-1][0] == b:
-            runs[-1][1] += 1
+def _runs(placed: list[int], longest: int = 64) -> str:
+    """Block numbers with repeats counted: "3, 4 x12, 5", and a loop's period of several
+    blocks "(4, 5, 6) x40": at each place, the period up to `longest` blocks that repeats
+    over the most blocks (a kernel of 20000 calls is a line, not 20000 numbers)."""
+    out: list[str] = []
+    i, n = 0, len(placed)
+    while i < n:
+        best_p, best_count = 1, 1
+        for p in range(1, min(longest, (n - i) // 2) + 1):
+            end = i + p
+            while end < n and placed[end] == placed[end - p]:
+                end += 1
+            count = (end - i) // p
+            if count >= 2 and count * p > best_count * best_p:
+                best_p, best_count = p, count
+        period = ", ".join(map(str, placed[i : i + best_p]))
+        if best_count == 1:
+            out.append(period)
         else:
-            runs.append([b, 1])
-    return ", ".join(f"{b} x{n}" if n > 1 else str(b) for b, n in runs)
+            out.append(f"{period} x{best_count}" if best_p == 1 else f"({period}) x{best_count}")
+        i += best_p * best_count
+    return ", ".join(out)

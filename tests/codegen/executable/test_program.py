@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from neuroncc.codegen.executable.listing import listing
+from neuroncc.codegen.executable.listing import _runs, listing
 from neuroncc.codegen.executable.program import FORMAT_VERSION, Executable
 from neuroncc.codegen.hardware.targets import TRN2
 from neuroncc.codegen.lower import emit_graph
@@ -62,3 +62,13 @@ def test_listing_leaves_out_immediates_at_their_default():
     assert matmuls and all("accumulate=" in line for line in matmuls)  # no default: shown
     assert not any("tile_rows=0" in line or "transpose=False" in line for line in matmuls)
     assert "func=tanh]" in text  # scale=1.0, bias=0.0 left out
+
+
+def test_listing_counts_a_loops_repeated_blocks():
+    """A kernel's header names its calls' blocks with repeats counted, a period of several
+    blocks too (a loop's: Note [instruction loops])."""
+    period = [131, 132, 133, 134, 135, 136, 137, 138]
+    assert _runs([3, 4, 4, 4, 5]) == "3, 4 x3, 5"
+    assert _runs([107, *period * 40, 139]) == f"107, ({', '.join(map(str, period))}) x40, 139"
+    assert _runs([1, 2, 1, 2, 1, 3]) == "(1, 2) x2, 1, 3"
+    assert _runs([]) == ""
