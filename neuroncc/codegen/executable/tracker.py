@@ -44,55 +44,74 @@ class _Access:
 
 
 class DepTracker:
+    """Note [dependencies], with each memory's live reads and writes in two indexes: a read
+    conflicts only with writes, so it searches the writes alone (a matmul's loads, most of
+    a kernel's accesses, each overlap hundreds of earlier loads of a big matrix's row band
+    and no write)."""
+
     def __init__(self, buffers: dict[str, Buffer]) -> None:
         self._buffers = buffers  # the builder's HBM buffers, by name
-        self._live: dict[str, IntervalIndex[_Access]] = {}
+        self._reads: dict[str, IntervalIndex[_Access]] = {}
+        self._writes: dict[str, IntervalIndex[_Access]] = {}
+
+    def _index(self, mem: str, write: bool) -> IntervalIndex[_Access]:
+        table = self._writes if write else self._reads
+        index = table.get(mem)
+        if index is None:
+            index = table[mem] = IntervalIndex()
+        return index
 
     def add(self, ins_id: int, ins: isa.Instr) -> tuple[int, ...]:
         """The latest instruction of each other engine that ins must wait for (one id per
         engine, Note [dependencies]); then ins is recorded as instruction ins_id (above every
         id recorded before). What `conflicts` for each access, then `record_access` for each
-        would do, with one search of the index per access for both."""
+        would do, with one search of each index an access reads."""
         engine = ins.engine
         latest: dict[str, int] = {}
         touched = []
         for ref, write in accesses(ins):
             mem, box = region(ref, self._buffers)
-            live = self._live.get(mem)
-            near = live.near(box[2], box[3]) if live is not None else ()
-            touched.append((mem, box, write, near))
             lo, hi, p0, p1 = box[2], box[3], box[0], box[1]
-            for e in near:
+            # (a write conflicts with reads and drops those it covers; a read drops the
+            # reads of its engine it covers)
+            near_writes = self._index(mem, True).near(lo, hi)
+            near_reads = self._index(mem, False).near(lo, hi)
+            touched.append((mem, box, write, near_writes, near_reads))
+            for e in (*near_writes, *near_reads) if write else near_writes:
                 acc = e[3]
-                if e[0] < hi and lo < e[1] and (write or acc.write) and acc.engine != engine:
+                if e[0] < hi and lo < e[1] and acc.engine != engine:
                     other = acc.box
                     if p0 < other[1] and other[0] < p1 and latest.get(acc.engine, -1) < acc.instr:
                         latest[acc.engine] = acc.instr
-        dropped: set[tuple[str, int]] = set()  # (two accesses of ins may find one entry)
-        for mem, box, write, near in touched:
-            live = self._live.setdefault(mem, IntervalIndex())
-            for e in near:
-                acc = e[3]
-                if (mem, e[2]) in dropped or not covers(box, acc.box):
-                    continue
-                if write or (not acc.write and acc.engine == engine):  # as record_access
-                    live.discard(e)
-                    dropped.add((mem, e[2]))
-            live.add(box[2], box[3], _Access(ins_id, engine, box, write))
+        dropped: set[tuple[str, bool, int]] = set()  # (two accesses of ins may find one entry)
+        for mem, box, write, near_writes, near_reads in touched:
+            for kind, near in ((True, near_writes), (False, near_reads)):
+                if not write and kind:
+                    continue  # a read supersedes no write
+                index = self._index(mem, kind)
+                for e in near:
+                    acc = e[3]
+                    if (mem, kind, e[2]) in dropped or not covers(box, acc.box):
+                        continue
+                    if write or acc.engine == engine:  # as record_access
+                        index.discard(e)
+                        dropped.add((mem, kind, e[2]))
+            self._index(mem, write).add(box[2], box[3], _Access(ins_id, engine, box, write))
         return tuple(sorted(latest.values()))
 
     def conflicts(self, mem: str, box: Box, write: bool, engine: str, latest: dict) -> None:
         """Into `latest` (engine -> instruction): the latest access of each other engine that
         an access of `box` by `engine` must wait for."""
-        live = self._live.get(mem)
-        if live is None:
-            return
         p0, p1 = box[0], box[1]
-        for acc in live.overlapping(box[2], box[3]):  # (overlapping in bytes: check partitions)
-            if (write or acc.write) and acc.engine != engine:
-                other = acc.box
-                if p0 < other[1] and other[0] < p1 and latest.get(acc.engine, -1) < acc.instr:
-                    latest[acc.engine] = acc.instr
+        for kind in (True, False) if write else (True,):
+            index = (self._writes if kind else self._reads).get(mem)
+            if index is None:
+                continue
+            for acc in index.overlapping(box[2], box[3]):  # (in bytes: check partitions)
+                if acc.engine != engine:
+                    other = acc.box
+                    if p0 < other[1] and other[0] < p1 and latest.get(acc.engine, -1) < acc.instr:
+                        latest[acc.engine] = acc.instr
 
     def record_access(
         self, ins_id: int, engine: str, mem: str, box: Box, write: bool, before: int | None = None
@@ -100,18 +119,19 @@ class DepTracker:
         """Record an access; accesses it supersedes are dropped (Note [dependencies]), of
         those with ids below `before` only if given: a call's last touches are not ordered
         among themselves (Note [kernel boundaries])."""
-        live = self._live.setdefault(mem, IntervalIndex())
         limit = ins_id if before is None else before
+        reads = self._index(mem, False)
         if write:
-            live.remove_where(
-                box[2], box[3], lambda a, box=box: a.instr < limit and covers(box, a.box)
-            )
+            for index in (self._index(mem, True), reads):
+                index.remove_where(
+                    box[2], box[3], lambda a, box=box: a.instr < limit and covers(box, a.box)
+                )
         else:  # a later read by the same engine orders everything the earlier one did
-            live.remove_where(
+            reads.remove_where(
                 box[2],
                 box[3],
                 lambda a, box=box, e=engine: (
-                    a.instr < limit and not a.write and a.engine == e and covers(box, a.box)
+                    a.instr < limit and a.engine == e and covers(box, a.box)
                 ),
             )
-        live.add(box[2], box[3], _Access(ins_id, engine, box, write))
+        self._index(mem, write).add(box[2], box[3], _Access(ins_id, engine, box, write))
