@@ -28,12 +28,15 @@ class IntervalIndex(Generic[T]):
         self._classes: dict[int, _Class[T]] = {}
         self._seq = 0
 
-    def add(self, lo: int, hi: int, item: T) -> None:
+    def add(self, lo: int, hi: int, item: T) -> Entry:
+        """Add an item; its entry, for `discard`."""
         self._seq += 1
         c = self._classes.setdefault(max(hi - lo, 1).bit_length(), _Class())
         i = bisect.bisect_right(c.los, lo)
+        entry = (lo, hi, self._seq, item)
         c.los.insert(i, lo)
-        c.items.insert(i, (lo, hi, self._seq, item))
+        c.items.insert(i, entry)
+        return entry
 
     def overlapping(self, lo: int, hi: int) -> list[T]:
         """Items whose [lo, hi) intersects the query (callers refine with exact checks)."""
@@ -62,13 +65,17 @@ class IntervalIndex(Generic[T]):
         return out
 
     def discard(self, entry: Entry) -> None:
-        """Drop an entry `near` returned (still held)."""
+        """Drop an entry `add` or `near` returned, if it is still held."""
         lo, hi, seq, _ = entry
-        c = self._classes[max(hi - lo, 1).bit_length()]
+        c = self._classes.get(max(hi - lo, 1).bit_length())
+        if c is None:
+            return
         i = bisect.bisect_left(c.los, lo)
-        while c.items[i][2] != seq:
+        while i < len(c.items) and c.items[i][0] == lo:
+            if c.items[i][2] == seq:
+                del c.los[i], c.items[i]
+                return
             i += 1
-        del c.los[i], c.items[i]
 
     def remove_where(self, lo: int, hi: int, predicate) -> None:
         """Drop the items inside [lo, hi) for which predicate(item) holds."""

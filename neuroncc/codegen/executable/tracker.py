@@ -8,7 +8,7 @@ addresses). A new access waits on every overlapping earlier access where either 
 Because engines execute in order, waiting on the latest such instruction of each engine implies
 the earlier ones, so deps keep one id per engine. An access that a later write covers entirely is
 dropped: anything overlapping it later overlaps the write too and is ordered through it. Likewise
-a read covered by a later read on the same engine: engines run in order.
+a read of the same box by a later read on the same engine: engines run in order.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from neuroncc.codegen.executable.blocks import Box, accesses
-from neuroncc.codegen.executable.intervals import IntervalIndex
+from neuroncc.codegen.executable.intervals import Entry, IntervalIndex
 from neuroncc.codegen.executable.program import Buffer
 from neuroncc.codegen.hardware import isa
 
@@ -47,12 +47,15 @@ class DepTracker:
     """Note [dependencies], with each memory's live reads and writes in two indexes: a read
     conflicts only with writes, so it searches the writes alone (a matmul's loads, most of
     a kernel's accesses, each overlap hundreds of earlier loads of a big matrix's row band
-    and no write)."""
+    and no write). A read drops only an earlier read of the same box by its engine, found
+    by the box: one it covers otherwise stays (what waits on it waits on the later read too,
+    a later instruction of the same engine), where looking for it searched the reads."""
 
     def __init__(self, buffers: dict[str, Buffer]) -> None:
         self._buffers = buffers  # the builder's HBM buffers, by name
         self._reads: dict[str, IntervalIndex[_Access]] = {}
         self._writes: dict[str, IntervalIndex[_Access]] = {}
+        self._read_at: dict[tuple[str, Box, str], Entry] = {}  # the last read of a box
 
     def _index(self, mem: str, write: bool) -> IntervalIndex[_Access]:
         table = self._writes if write else self._reads
@@ -60,6 +63,16 @@ class DepTracker:
         if index is None:
             index = table[mem] = IntervalIndex()
         return index
+
+    def _read(self, mem: str, box: Box, access: _Access, limit: int) -> None:
+        """Record a read, dropping the last read of the same box by its engine if its id is
+        below `limit` (a write may have dropped it already)."""
+        key = (mem, box, access.engine)
+        index = self._index(mem, False)
+        last = self._read_at.get(key)
+        if last is not None and last[3].instr < limit:
+            index.discard(last)
+        self._read_at[key] = index.add(box[2], box[3], access)
 
     def add(self, ins_id: int, ins: isa.Instr) -> tuple[int, ...]:
         """The latest instruction of each other engine that ins must wait for (one id per
@@ -72,12 +85,10 @@ class DepTracker:
         for ref, write in accesses(ins):
             mem, box = region(ref, self._buffers)
             lo, hi, p0, p1 = box[2], box[3], box[0], box[1]
-            # (a write conflicts with reads and drops those it covers; a read drops the
-            # reads of its engine it covers)
             near_writes = self._index(mem, True).near(lo, hi)
-            near_reads = self._index(mem, False).near(lo, hi)
+            near_reads = self._index(mem, False).near(lo, hi) if write else ()
             touched.append((mem, box, write, near_writes, near_reads))
-            for e in (*near_writes, *near_reads) if write else near_writes:
+            for e in (*near_writes, *near_reads):
                 acc = e[3]
                 if e[0] < hi and lo < e[1] and acc.engine != engine:
                     other = acc.box
@@ -85,18 +96,17 @@ class DepTracker:
                         latest[acc.engine] = acc.instr
         dropped: set[tuple[str, bool, int]] = set()  # (two accesses of ins may find one entry)
         for mem, box, write, near_writes, near_reads in touched:
+            access = _Access(ins_id, engine, box, write)
+            if not write:
+                self._read(mem, box, access, ins_id)
+                continue
             for kind, near in ((True, near_writes), (False, near_reads)):
-                if not write and kind:
-                    continue  # a read supersedes no write
                 index = self._index(mem, kind)
-                for e in near:
-                    acc = e[3]
-                    if (mem, kind, e[2]) in dropped or not covers(box, acc.box):
-                        continue
-                    if write or acc.engine == engine:  # as record_access
+                for e in near:  # a write drops what it covers (as record_access)
+                    if (mem, kind, e[2]) not in dropped and covers(box, e[3].box):
                         index.discard(e)
                         dropped.add((mem, kind, e[2]))
-            self._index(mem, write).add(box[2], box[3], _Access(ins_id, engine, box, write))
+            self._index(mem, True).add(box[2], box[3], access)
         return tuple(sorted(latest.values()))
 
     def conflicts(self, mem: str, box: Box, write: bool, engine: str, latest: dict) -> None:
@@ -120,18 +130,12 @@ class DepTracker:
         those with ids below `before` only if given: a call's last touches are not ordered
         among themselves (Note [kernel boundaries])."""
         limit = ins_id if before is None else before
-        reads = self._index(mem, False)
-        if write:
-            for index in (self._index(mem, True), reads):
-                index.remove_where(
-                    box[2], box[3], lambda a, box=box: a.instr < limit and covers(box, a.box)
-                )
-        else:  # a later read by the same engine orders everything the earlier one did
-            reads.remove_where(
-                box[2],
-                box[3],
-                lambda a, box=box, e=engine: (
-                    a.instr < limit and a.engine == e and covers(box, a.box)
-                ),
+        access = _Access(ins_id, engine, box, write)
+        if not write:
+            self._read(mem, box, access, limit)
+            return
+        for index in (self._index(mem, True), self._index(mem, False)):
+            index.remove_where(
+                box[2], box[3], lambda a, box=box: a.instr < limit and covers(box, a.box)
             )
-        self._index(mem, write).add(box[2], box[3], _Access(ins_id, engine, box, write))
+        self._index(mem, True).add(box[2], box[3], access)
