@@ -94,7 +94,6 @@ class DepTracker:
                     other = acc.box
                     if p0 < other[1] and other[0] < p1 and latest.get(acc.engine, -1) < acc.instr:
                         latest[acc.engine] = acc.instr
-        dropped: set[tuple[str, bool, int]] = set()  # (two accesses of ins may find one entry)
         for mem, box, write, near_writes, near_reads in touched:
             access = _Access(ins_id, engine, box, write)
             if not write:
@@ -102,10 +101,9 @@ class DepTracker:
                 continue
             for kind, near in ((True, near_writes), (False, near_reads)):
                 index = self._index(mem, kind)
-                for e in near:  # a write drops what it covers (as record_access)
-                    if (mem, kind, e[2]) not in dropped and covers(box, e[3].box):
+                for e in near:  # a write drops what it covers (as record_access; two
+                    if covers(box, e[3].box):  # accesses of ins may drop one entry)
                         index.discard(e)
-                        dropped.add((mem, kind, e[2]))
             self._index(mem, True).add(box[2], box[3], access)
         return tuple(sorted(latest.values()))
 

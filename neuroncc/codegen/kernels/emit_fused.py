@@ -86,8 +86,9 @@ def emit_fused(
     # Where a step lies in its rows: its column, where a step's instructions read it (a
     # generated mask's iota base, a slice of constants that hold the whole row); otherwise
     # only whether it is a row's first chunk (it starts the running reductions) or last (it
-    # ends them). The chunks between are alike, at addresses affine in their index: a row
-    # of a 151936-word vocabulary is one loop, not 75 distinct chunks (Note [wide rows] in row_plan.py).
+    # ends them). The chunks between are alike, at addresses affine in their index (Note
+    # [wide rows] in row_plan.py): a row of a 151936-word vocabulary in bf16 is 149 chunks
+    # of 1024, of which the loop builds a few, where each was a form of its own.
     by_column = bool(kernel.generated) or kernel.whole_rows
 
     def where(c0: int, f: int) -> tuple:

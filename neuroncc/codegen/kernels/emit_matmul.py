@@ -390,10 +390,10 @@ def _emit_zero_or_simple(
     b_stride: int,
 ) -> None:
     """K == 0 (a zero result), or a K too long to keep A^T on chip: the plain tiled schedule,
-    an instruction loop over the output blocks, A^T tiles loaded by DMA as rows of A^T (made
-    first by TensorE transposes where `a_buf` holds float A; else element-strided), B tiles too
-    where `b_buf` holds W for B = W^T (a 2-D matmul). B (or W) starts at element b_first of
-    `b_buf`, its rows b_stride apart."""
+    an instruction loop over the output blocks and groups of their K tiles, A^T tiles loaded
+    by DMA as rows of A^T (made first by TensorE transposes where `a_buf` holds float A; else
+    element-strided), B tiles too where `b_buf` holds W for B = W^T (a 2-D matmul). B (or W)
+    starts at element b_first of `b_buf`, its rows b_stride apart."""
     b, t = ctx.b, ctx.target
     a_v, b_v = n.inputs
     *batch, m, k = a_v.type.shape
