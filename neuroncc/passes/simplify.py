@@ -349,7 +349,7 @@ def _column_sum(n: Node, em: _Emitter) -> Value | None:
     x, perm, rank = t.inputs[0], tuple(t.attr("perm")), t.out.type.rank
     axes = tuple(n.attr("axes"))
     r = len(axes)
-    if axes != tuple(range(rank - r, rank)):
+    if not r or axes != tuple(range(rank - r, rank)):
         return None
     # reduced: the last r axes of the transpose, x's axes a .. a + r; kept: the rest, in order
     a = perm[rank - r]

@@ -364,3 +364,14 @@ def test_a_product_read_in_slices_is_a_matmul_per_slice():
     np.testing.assert_allclose(interpret(after, inputs)[0], want, rtol=1e-5, atol=1e-5)
     decode = parse(SWIGLU.replace("128", "4"))
     assert print_graph(Simplify().run(decode, CTX)).count("matmul") == 1
+
+
+def test_a_sum_over_no_axes_of_a_transpose_stays():
+    """A reduce_sum over no axes reads a transpose and keeps it: no run of axes to sum."""
+    text = """graph @main(%0: f32[4,6]) {
+  %1 = transpose %0 {perm=[1,0]} : f32[6,4]
+  %2 = reduce_sum %1 {axes=[], keepdim=false} : f32[6,4]
+  return %2
+}
+"""
+    assert print_graph(Simplify().run(parse(text), CTX)) == text
