@@ -47,9 +47,10 @@ class DepTracker:
     """Note [dependencies], with each memory's live reads and writes in two indexes: a read
     conflicts only with writes, so it searches the writes alone (a matmul's loads, most of
     a kernel's accesses, each overlap hundreds of earlier loads of a big matrix's row band
-    and no write). A read drops only an earlier read of the same box by its engine, found
-    by the box: one it covers otherwise stays (what waits on it waits on the later read too,
-    a later instruction of the same engine), where looking for it searched the reads."""
+    and no write). A read drops only an earlier read of the same box by its engine, looked
+    up by the box rather than searched for: other reads it covers stay, which changes no
+    wait (what waits on one of them waits on the later read too, a later instruction of the
+    same engine)."""
 
     def __init__(self, buffers: dict[str, Buffer]) -> None:
         self._buffers = buffers  # the builder's HBM buffers, by name

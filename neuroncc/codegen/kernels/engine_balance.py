@@ -8,8 +8,8 @@ loop's iterations meet the same state and the loop places none of them (Note [in
 loops]): a log-softmax over a 151936-word vocabulary emitted all 892 of its steps, and the LM
 head's matmul epilogue all 298. A long loop's emitter restarts the balance every few
 iterations instead (`restart`; attention every pipeline step), so its choices repeat with
-that period. What that costs in device time, trn2, against the unbroken balance (tools run
-from /tmp, the closing note of issue 20's stop 39): row kernels restarted every 2 groups
+that period. What that costs in device time, trn2, against the unbroken balance (measured
+for issue 20's stop 39, figures in its closing note): row kernels restarted every 2 groups
 gave 3-14% less at 65536 x 4096 (softmax, LayerNorm, RMSNorm, GELU) and within 0.3% at
 16384 x 16384; every group, LayerNorm at 16384 x 16384 lost 3%.
 """
