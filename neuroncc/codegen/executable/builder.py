@@ -167,6 +167,12 @@ class TilePool:
         self.state += 1
         return t
 
+    def align(self, block: int) -> None:
+        """Take the next tile at a multiple of `block` tiles (Note [aligned steps] in
+        emit_fused.py): safe where what the tiles from there on hold is read by nothing
+        issued later."""
+        self.state = -(-self.state // block) * block
+
 
 class RingPool:
     """Tiles of any size placed one after another in `nbytes` from `base`, wrapping to the

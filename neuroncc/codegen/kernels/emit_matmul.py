@@ -232,9 +232,26 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
     escapes = not epilogue or n.out.id in {v.id for v in ctx.graph.outputs}
     escapes = escapes or any(u.out.id not in group for u in ctx.users[n.out.id])
     out = ctx.alloc(n.out) if escapes else None
-    epi = RowKernel(ctx, epilogue, epi_plan, nf, epi_plan.cols) if epi_plan else None
     tm, tn = blocking.tm, blocking.tn
     kt_n = math.ceil(k / P)
+    blocks = [
+        (bi, [(r, min(P, m - r)) for r in range(m0, min(m, m0 + tm * P), P)])
+        for bi in range(math.prod(batch))
+        for m0 in range(0, m, tm * P)
+    ]
+    # Steps: (block number, block, first column, width) in order. Each step's first B tile is
+    # made before the previous step's results leave PSUM, so its loads and transposes queue
+    # ahead of that epilogue on the engines instead of behind it.
+    steps = [
+        (bnum, block, n0, min(tn * nf, nn - n0))
+        for bnum, block in enumerate(blocks)
+        for n0 in range(0, nn, tn * nf)
+    ]
+    size = kt_n * (tm * tn + 1) + 3 * tm * tn  # a step's matmuls and loads, its results out
+    looped = b.builds_by_iteration(len(steps), size)
+    epi = None
+    if epi_plan is not None:  # its steps aligned in a loop (Note [aligned steps])
+        epi = RowKernel(ctx, epilogue, epi_plan, nf, epi_plan.cols, aligned=looped)
     transpose = PeTransposer(ctx, dt) if on_pe or w_buf is not None else None
     at_pool = b.sbuf_pool(tm * P * dt.itemsize, bufs=kt_n)  # A^T of one M block, all of K
     # A is read in [rows, chunk] pieces (long contiguous rows: few DMA descriptors), each
@@ -246,11 +263,6 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
     w_pool = b.sbuf_pool(P * dt.itemsize, bufs=2 * tn * nf // P) if w_buf is not None else None
     o_pool = b.sbuf_pool(nf * odt.itemsize, bufs=loop_bufs(O_BUFS, tm * tn))
     acc = b.psum_pool(bufs=tm * tn)
-    blocks = [
-        (bi, [(r, min(P, m - r)) for r in range(m0, min(m, m0 + tm * P), P)])
-        for bi in range(math.prod(batch))
-        for m0 in range(0, m, tm * P)
-    ]
     at_slots = [at_pool.tile(min(P, k - ki * P), (tm * P,), dt) for ki in range(kt_n)]
     chunks: dict[int, isa.TileRef] = {}
 
@@ -293,14 +305,6 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
             transpose(bt.cols(j0, jw), wt)
         return bt
 
-    # Steps: (block number, block, first column, width) in order. Each step's first B tile is
-    # made before the previous step's results leave PSUM, so its loads and transposes queue
-    # ahead of that epilogue on the engines instead of behind it.
-    steps = [
-        (bnum, block, n0, min(tn * nf, nn - n0))
-        for bnum, block in enumerate(blocks)
-        for n0 in range(0, nn, tn * nf)
-    ]
     for ki in range(kt_n):
         rebuild(blocks[0], ki)
     first_b = load_b(steps[0], 0)
@@ -325,10 +329,15 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
             epi.loop_state() if epi is not None else None,
         )
 
-    looped = b.builds_by_iteration(len(steps))
-    for si in b.loop(forms, state):
-        if epi is not None and looped:  # Note [balance in loops]
-            epi.balance.restart()
+    for si in b.loop(forms, state, size):
+        if looped:
+            if epi is not None:  # Note [balance in loops]
+                epi.balance.restart()
+            # A step of fewer tiles (the last M block's, the last columns') moves the pools of
+            # its results by less: each step starts them at a whole turn, so that the next
+            # steps meet the same tiles (Note [aligned steps]; the results before are read).
+            o_pool.align(o_pool.bufs)
+            acc.align(acc.bufs)
         step = steps[si]
         bnum, (bi, mrows), n0, width = step
         o_off = bi * m * nn
@@ -433,7 +442,7 @@ def _emit_zero_or_simple(
         for _, m0, n0, g in steps
     ]
     acc: list[isa.TileRef | None] = [None]  # the block's accumulator, through its groups
-    for i in b.loop(forms, lambda: acc[0]):
+    for i in b.loop(forms, lambda: acc[0], 3 * min(kt_n, K_GROUP)):
         bi, m0, n0, g = steps[i]
         a_off, b_off, o_off = bi * m * k, b_first + bi * k * b_stride, bi * m * nn
         mt, nt = min(mt_max, m - m0), min(nt_max, nn - n0)
@@ -585,7 +594,7 @@ def _transpose_blocks(ctx: EmitCtx, source: View, out: str, dt: DType) -> None:
 
     forms = [form(*block) for block in blocks]
     copies = [0]  # PSUM copies so far: they take turns on ScalarE and VectorE
-    for k in b.loop(forms, lambda: copies[0] % 2):
+    for k in b.loop(forms, lambda: copies[0] % 2, per * (per + 3)):
         bi, r0, c0 = blocks[k]
         off, out_off = source.batch_offset(bi), bi * r * c
         rows = [(r1, min(P, r - r1)) for r1 in range(r0, min(r, r0 + w), P)]

@@ -304,6 +304,32 @@ def test_a_long_matmul_epilogue_loop_is_placed(fresh, both_ways):
     assert sum(len(b.instructions) for b in exe.blocks) < len(exe.instructions) / 4
 
 
+def test_a_matmul_of_few_large_steps_loops_them(fresh, both_ways, monkeypatch):
+    """At the compiler's own loop lengths, 32 steps of about 250 instructions (2048 rows by
+    4096 columns, K = 2048, in blocks of 7 M tiles) are a loop, though short
+    (loops.BIG_ITERATION), and its last M block's shorter steps leave the epilogue's pools
+    where the other steps do, so that its steps repeat (Note [aligned steps]). One run for
+    real, its last M block short, matches PyTorch."""
+    monkeypatch.setattr(loops, "MIN_LOOP", 128)
+
+    def f(a, w, r):
+        return torch.nn.functional.silu(a @ w.T) * r
+
+    shapes = ((2048, 2048), (4096, 2048), (2048, 4096))
+    args = [torch.empty(s, device="meta", dtype=torch.bfloat16) for s in shapes]
+    opts = {"timing_only": True, "target": "trn2", "disk_cache": False}
+    torch.compile(f, backend="neuron", options=opts)(*args)
+    ((_, exe),) = both_ways
+    assert sum(len(b.instructions) for b in exe.blocks) < len(exe.instructions) / 3
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    args = [torch.randn(s) for s in ((700, 1024), (2048, 1024), (700, 2048))]
+    got = torch.compile(f, backend="neuron", options={"disk_cache": False})(*args)
+    torch.testing.assert_close(got, f(*args), rtol=1e-4, atol=1e-3)
+    _, exe = both_ways[-1]
+    assert sum(len(b.instructions) for b in exe.blocks) < len(exe.instructions)
+
+
 @pytest.mark.parametrize(("batch", "m", "n"), [((), 130, 1100), ((2,), 200, 600)])
 def test_a_matmul_too_long_to_block_loops_over_its_output_blocks(fresh, both_ways, batch, m, n):
     """K too long to keep Aᵀ on chip (50000 fp32): the plain tiled schedule
