@@ -121,7 +121,10 @@ def kernel_key(ctx, nodes: list[Node]) -> tuple[tuple, list[Value]]:
                 num.index[v.id],
                 v.type,
                 ctx.input_index.get(v.id, -1) >= 0,
-                v.id in ctx._output_ids,
+                # (a graph output: whether it escapes, for the kernel's own values; where the
+                # kernel only reads it, none of its emitters looks, and the gradient a layer's
+                # backward reads may be an output in one layer and not the next)
+                v.id in ctx._output_ids if v.id in group else None,
                 None if producer is None or v.id in group else (producer.op.value, producer.attrs),
                 tuple(sorted((u.op.value, u.out.id in group) for u in readers)),
                 tuple((k, x) for k, x in ctx.choices.get(v.id, ()) if k != "hbm"),
