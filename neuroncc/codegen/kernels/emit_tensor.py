@@ -18,6 +18,10 @@ from neuroncc.ir.ops import Op
 from neuroncc.ir.types import DType, contiguous_strides
 
 DMA_CHUNK_BYTES = 64 * 1024  # split large HBM->HBM copies so they spread over the queues
+# ... into at most this many: each DMA fans out over the DMA engines anyway, and more pieces
+# add an instruction each (a 151936 x 4096 bf16 embedding table's gradient, copied before its
+# rows are scattered in, was 18992 DMAs of 64 KiB)
+MAX_COPY_DMAS = 64
 
 _REDUCE_OP = {
     Op.REDUCE_SUM: "sum",
@@ -96,14 +100,15 @@ def copy_pattern(
     dtype: DType,
 ) -> None:
     """Copy a logical `shape` between two strided views, split along the outer axis so that no
-    DMA moves more than DMA_CHUNK_BYTES; chunks go round-robin over the DMA queues."""
+    DMA moves more than DMA_CHUNK_BYTES, or into MAX_COPY_DMAS pieces where that makes more;
+    chunks go round-robin over the DMA queues."""
     if math.prod(shape) == 0:
         return
     dims = _coalesce(shape, src_strides, dst_strides)
     outer, s0, d0 = dims[0]
     inner = dims[1:]
     row_bytes = math.prod(c for c, _, _ in inner) * dtype.itemsize
-    step = max(1, DMA_CHUNK_BYTES // max(row_bytes, 1))
+    step = max(1, DMA_CHUNK_BYTES // max(row_bytes, 1), -(-outer // MAX_COPY_DMAS))
     for i0 in range(0, outer, step):
         cnt = min(step, outer - i0)
         s_ref = isa.DramRef(

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from neuroncc.codegen.hardware import isa
 from neuroncc.codegen.hardware.targets import TARGETS, TRN1, TRN2
 from neuroncc.codegen.kernels.emit_few_rows import STREAM_TILES
+from neuroncc.codegen.kernels.emit_tensor import MAX_COPY_DMAS
 from neuroncc.codegen.lower import emit_graph
 from neuroncc.ir import DType, GraphBuilder, Op, TensorType, interpret, verify
 from neuroncc.runtime.simulator import run
@@ -251,6 +252,25 @@ def test_put(combine, dtype):
     g = b.build([b.op(Op.PUT, table, idx, rows, combine=combine)])
     ids = RNG.integers(0, 40, n) if accumulate else RNG.permutation(40)
     check(g, [random_input(table.type), ids.astype(np.int64), random_input(rows.type)], atol=1e-4)
+
+
+def test_a_large_copy_is_a_few_dmas():
+    """A put's table copy of 8 MiB (an embedding gradient's, smaller) is MAX_COPY_DMAS DMAs
+    at most, not one per 64 KiB, and the rows still land where they go."""
+    b = GraphBuilder()
+    table = b.input(TensorType((2053, 1024), DType.F32))
+    idx = b.input(TensorType((300,), DType.I64))
+    rows = b.input(TensorType((300, 1024), DType.F32))
+    g = b.build([b.op(Op.PUT, table, idx, rows, combine="add")])
+    ids = RNG.integers(0, 2053, 300).astype(np.int64)
+    exe = check(g, [random_input(table.type), ids, random_input(rows.type)], atol=1e-4)
+    dram = isa.DramRef
+    copies = [
+        i
+        for i in exe.instructions
+        if isinstance(i, isa.Dma) and isinstance(i.src, dram) and isinstance(i.dst, dram)
+    ]
+    assert copies and len(copies) <= MAX_COPY_DMAS
 
 
 @pytest.mark.parametrize("target", ["trn1", "trn2"])
