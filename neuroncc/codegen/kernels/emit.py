@@ -234,7 +234,9 @@ def emit_elementwise(ctx: EmitCtx, n: Node) -> None:
     rows, cols = row_view(n.out.type.numel)
     slot = min(cols, fmax) * itemsize
     pools = [b.sbuf_pool(slot, bufs=2) for _ in values]
-    for r0, p, c0, f in tiles_2d(rows, cols, fmax):
+    tiles = list(tiles_2d(rows, cols, fmax))  # (one row of tiles: row_view's rows <= 128)
+    for i in b.loop([tile[1::2] for tile in tiles]):  # Note [instruction loops]
+        r0, p, c0, f = tiles[i]
         srcs = []
         for v, pool in zip(n.inputs, pools, strict=False):
             t = pool.tile(p, (f,), v.type.dtype)
@@ -257,7 +259,9 @@ def emit_full(ctx: EmitCtx, n: Node) -> None:
         min(P, rows), (min(cols, fmax),), t.dtype
     )
     b.emit(isa.Memset("pool", dst=tile, value=float(n.attr("value"))))
-    for r0, p, c0, f in tiles_2d(rows, cols, fmax):
+    tiles = list(tiles_2d(rows, cols, fmax))  # (one row of tiles: row_view's rows <= 128)
+    for i in b.loop([tile[1::2] for tile in tiles]):  # Note [instruction loops]
+        r0, p, c0, f = tiles[i]
         b.dma(rect(out, t.dtype, r0 * cols + c0, cols, p, f), tile.rows(p).cols(0, f))
 
 

@@ -50,25 +50,37 @@ def emit_reduce(ctx: EmitCtx, n: Node) -> None:
     acc_pool = b.sbuf_pool(8, bufs=2)
     part_pool = b.sbuf_pool(8, bufs=2)
     out_pool = b.sbuf_pool(8, bufs=2)
-    for r0 in range(0, rows, P):
-        p = min(P, rows - r0)
-        acc = acc_pool.tile(p, (1,), acc_dt)
-        if k == 0:
-            if op not in _IDENTITY:
-                raise CodegenError(f"{n.op.value} of an empty tensor has no value")
-            b.emit(isa.Memset("pool", dst=acc, value=_IDENTITY[op]))
-        for _, _, c0, f in tiles_2d(p, k, fmax):
+    if k == 0 and rows and op not in _IDENTITY:
+        raise CodegenError(f"{n.op.value} of an empty tensor has no value")
+    # Steps: a row block's column tiles (one step of none where k == 0), an instruction loop:
+    # addresses are affine in the steps between a row block's first and last, which its form
+    # marks (Note [instruction loops]).
+    steps = [
+        (r0, min(P, rows - r0), c0, f, c0 + f >= k)
+        for r0 in range(0, rows, P)
+        for _, _, c0, f in (tiles_2d(min(P, rows - r0), k, fmax) if k else [(0, 0, 0, 0)])
+    ]
+    acc: list[isa.TileRef | None] = [None]  # the row block's accumulator
+    forms = [(p, f, c0 == 0, last) for _, p, c0, f, last in steps]
+    for i in b.loop(forms, lambda: acc[0]):
+        r0, p, c0, f, last = steps[i]
+        if c0 == 0:
+            acc[0] = acc_pool.tile(p, (1,), acc_dt)
+            if k == 0:
+                b.emit(isa.Memset("pool", dst=acc[0], value=_IDENTITY[op]))
+        if k:
             xt = in_pool.tile(p, (f,), t.dtype)
             b.dma(xt, rect(src, t.dtype, r0 * k + c0, k, p, f))
             if c0 == 0:
-                b.emit(isa.TensorReduce("dve", op=op, dst=acc, src=xt))
-                continue
-            part = part_pool.tile(p, (1,), acc_dt)
-            b.emit(isa.TensorReduce("dve", op=op, dst=part, src=xt))
-            b.emit(isa.TensorTensor("dve", op=_COMBINE_OP[op], dst=acc, a=acc, b=part))
-        ot = out_pool.tile(p, (1,), odt)
-        b.emit(isa.TensorCopy("dve", dst=ot, src=acc))
-        b.dma(rect(out, odt, r0, 1, p, 1), ot)
+                b.emit(isa.TensorReduce("dve", op=op, dst=acc[0], src=xt))
+            else:
+                part = part_pool.tile(p, (1,), acc_dt)
+                b.emit(isa.TensorReduce("dve", op=op, dst=part, src=xt))
+                b.emit(isa.TensorTensor("dve", op=_COMBINE_OP[op], dst=acc[0], a=acc[0], b=part))
+        if last:
+            ot = out_pool.tile(p, (1,), odt)
+            b.emit(isa.TensorCopy("dve", dst=ot, src=acc[0]))
+            b.dma(rect(out, odt, r0, 1, p, 1), ot)
 
 
 # -- data movement: HBM -> HBM DMA with access patterns -------------------------------------

@@ -20,6 +20,7 @@ from neuroncc.codegen.hardware import isa
 from neuroncc.codegen.hardware.targets import TRN2, get_target
 from neuroncc.errors import RaceError
 from neuroncc.frontend import compile as compile_module
+from neuroncc.ir import GraphBuilder, Op, TensorType, interpret
 from neuroncc.ir.types import DType
 from neuroncc.runtime.simulator import run
 from neuroncc.runtime.timing import time_executable
@@ -76,6 +77,35 @@ def test_a_compact_loop_is_the_unrolled_loop(rows, tile_rows, bufs):
     back = Executable.from_json(compact.to_json())
     assert back == compact
     assert time_executable(back, TRN2).device_ns == time_executable(unrolled, TRN2).device_ns
+
+
+@pytest.mark.parametrize(
+    ("op", "shape", "attrs"),
+    [
+        ("cast", (128, 40003), {"dtype": DType.BF16}),
+        ("exp", (128, 50000), {}),
+        ("full", None, {"shape": [128, 40003], "value": 1.5, "dtype": DType.F32}),
+        ("reduce_sum", (300, 60000), {"axes": [1], "keepdim": False}),
+        ("reduce_max", (2, 129, 30000), {"axes": [2], "keepdim": False}),
+        ("reduce_sum", (300, 0), {"axes": [1], "keepdim": False}),
+    ],
+)
+def test_single_op_kernels_loop_over_their_tiles(op, shape, attrs):
+    """The emitters of single elementwise ops, fills and reductions (what the fuse pass leaves
+    alone: an embedding gradient's cast, a loss's reductions over a vocabulary) are loops
+    over their tiles: equal to their unrolled form, right, and most tiles placed."""
+    b = GraphBuilder()
+    args = [b.input(TensorType(shape, DType.F32))] if shape is not None else []
+    g = b.build([b.op(Op(op), *args, **attrs)])
+    compact, unrolled = (lower.emit_graph(g, TRN2, unrolled=u) for u in (False, True))
+    assert compact == unrolled
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal(v.type.shape).astype(np.float32) for v in g.inputs]
+    (got,) = run(compact, inputs, TRN2)
+    (want,) = interpret(g, inputs)
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=1e-3)
+    if all(v.type.numel for v in (*g.inputs, *g.outputs)):  # (not the sum over no elements)
+        assert sum(len(blk.instructions) for blk in compact.blocks) < len(compact.instructions) / 3
 
 
 def test_a_long_loop_builds_a_few_iterations_and_stores_one_run():
