@@ -122,8 +122,9 @@ def kernel_key(ctx, nodes: list[Node]) -> tuple[tuple, list[Value]]:
                 v.type,
                 ctx.input_index.get(v.id, -1) >= 0,
                 # (a graph output: whether it escapes, for the kernel's own values; where the
-                # kernel only reads it, none of its emitters looks, and the gradient a layer's
-                # backward reads may be an output in one layer and not the next)
+                # kernel only reads it, none of its emitters looks, and a value a layer's
+                # kernel reads may be an output in one layer and not the next: Qwen3's
+                # backward)
                 v.id in ctx._output_ids if v.id in group else None,
                 None if producer is None or v.id in group else (producer.op.value, producer.attrs),
                 tuple(sorted((u.op.value, u.out.id in group) for u in readers)),
