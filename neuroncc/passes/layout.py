@@ -16,7 +16,7 @@ pass decides, per TRANSPOSE, how codegen realises it:
   with W's rows on Vector/GpSimd (emit_gemv.py), where that costs less than the above.
 - `pe` or `dma`: a kernel of its own, whichever the cost model says is cheaper. On TensorE the
   data moves in 2 KiB runs and each 128 x 128 piece costs a matmul against the identity and a
-  PSUM copy (_transpose_blocks); as a DMA the data moves in runs as long as the permutation
+  PSUM copy (transpose_blocks); as a DMA the data moves in runs as long as the permutation
   keeps contiguous, often one element (Note [dma efficiency] in costs.py).
 The estimates price the instructions codegen would emit with the formulas the simulator uses.
 
@@ -38,12 +38,10 @@ from neuroncc.codegen.kernels.attention_operands import fold_operand_views
 from neuroncc.codegen.kernels.attention_planner import attention_plans
 from neuroncc.codegen.kernels.emit import P
 from neuroncc.codegen.kernels.emit_gemv import gemv_foldable, gemv_ns
-from neuroncc.codegen.kernels.emit_matmul import (
+from neuroncc.codegen.kernels.emit_matmul import Blocking, blocked_ns, largest_blocking
+from neuroncc.codegen.kernels.emit_transpose import (
     TRANSPOSE_RUN_BYTES,
-    Blocking,
-    blocked_ns,
     foldable,
-    largest_blocking,
     pe_source,
     pe_transposable,
 )
@@ -124,7 +122,7 @@ def _attention_operand_chains(g: Graph, t: Target) -> set[int]:
 
 
 def pe_ns(n: Node, t: Target) -> float:
-    """TensorE transpose as _transpose_blocks emits it: building the identity, then the
+    """TensorE transpose as transpose_blocks emits it: building the identity, then the
     busiest of TensorE (a matmul per 128 x 128 piece), the two engines evacuating PSUM (a copy
     per [128, w] row of the result) and the DMA queues (w-element runs in and out), then the
     last copy."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from neuroncc.codegen.executable.blocks import (
     Block,
@@ -38,14 +38,13 @@ from neuroncc.codegen.executable.blocks import (
     with_fields,
 )
 from neuroncc.codegen.executable.loops import LoopBuilder
+from neuroncc.codegen.executable.pools import ALIGN, RingPool, TilePool
 from neuroncc.codegen.executable.program import Buffer, Executable, ValueLoc
 from neuroncc.codegen.executable.tracker import Box, DepTracker
 from neuroncc.codegen.hardware import isa
 from neuroncc.codegen.hardware.targets import Target
 from neuroncc.errors import CapacityError, CodegenError
 from neuroncc.ir.types import DType
-
-ALIGN = 64
 
 
 def _needed(block: Block, waits: dict[int, dict[str, int]]) -> tuple:
@@ -148,59 +147,6 @@ class _Stack:
         self.top = need
         self.high_water = max(self.high_water, need)
         return self.capacity - need if self.down else used
-
-
-class TilePool:
-    """`bufs` rotating slots of one size: successive tiles alternate, so a load into slot i+1
-    can overlap compute on slot i (double/triple buffering). Dependencies order the reuse."""
-
-    def __init__(self, mem: str, base: int, slot_bytes: int, bufs: int) -> None:
-        self.mem, self.base, self.slot_bytes, self.bufs = mem, base, slot_bytes, bufs
-        self.state = 0  # tiles handed out
-        self.period = bufs  # a loop's period may turn it by whole rotations only
-
-    def tile(self, np_: int, free: Sequence[int], dtype: DType) -> isa.TileRef:
-        slot = self.state % self.bufs
-        t = isa.TileRef(self.mem, 0, np_, self.base + slot * self.slot_bytes, dtype, tuple(free))
-        if t.free_bytes > self.slot_bytes or np_ > 128:
-            raise CodegenError(f"tile {t} does not fit a {self.slot_bytes}-byte slot")
-        self.state += 1
-        return t
-
-    def align(self, block: int) -> None:
-        """Take the next tile at a multiple of `block` tiles (Note [aligned steps] in
-        emit_fused.py): safe where what the tiles from there on hold is read by nothing
-        issued later."""
-        self.state = -(-self.state // block) * block
-
-
-class RingPool:
-    """Tiles of any size placed one after another in `nbytes` from `base`, wrapping to the
-    start when the next does not fit: a byte ring, where a new tile waits (by dependencies)
-    only for the readers of the bytes it takes, however small the tiles before it were."""
-
-    def __init__(self, mem: str, base: int, nbytes: int) -> None:
-        self.mem, self.base, self.nbytes = mem, base, nbytes
-        self.position = 0  # where the next tile goes, in bytes from base
-        self.period = 0  # a loop's period may not move it (Note [instruction loops])
-
-    @property
-    def state(self) -> int:
-        return self.position
-
-    @state.setter
-    def state(self, value: int) -> None:
-        self.position = value
-
-    def tile(self, np_: int, free: Sequence[int], dtype: DType) -> isa.TileRef:
-        t = isa.TileRef(self.mem, 0, np_, 0, dtype, tuple(free))
-        size = -(-t.free_bytes // ALIGN) * ALIGN
-        if size > self.nbytes or np_ > 128:
-            raise CodegenError(f"tile {t} does not fit a {self.nbytes}-byte ring")
-        if self.position + size > self.nbytes:
-            self.position = 0
-        offset, self.position = self.base + self.position, self.position + size
-        return replace(t, offset=offset)
 
 
 class ProgramBuilder(LoopBuilder):

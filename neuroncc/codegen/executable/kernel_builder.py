@@ -21,7 +21,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from neuroncc.codegen.executable.builder import ProgramBuilder, TilePool
+from neuroncc.codegen.executable.builder import ProgramBuilder
+from neuroncc.codegen.executable.pools import TilePool
 from neuroncc.codegen.executable.program import Executable, ValueLoc
 from neuroncc.codegen.hardware import isa
 from neuroncc.codegen.hardware.targets import Target, get_target

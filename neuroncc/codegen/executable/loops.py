@@ -13,7 +13,7 @@ from neuroncc.codegen.executable.blocks import Call
 from neuroncc.errors import CodegenError
 
 if TYPE_CHECKING:
-    from neuroncc.codegen.executable.builder import RingPool, TilePool
+    from neuroncc.codegen.executable.pools import RingPool, TilePool
 
 MAX_PERIOD = 64  # iterations in the longest period a loop looks for
 # Iterations a loop needs to be built an iteration at a time. Each iteration is then a call,

@@ -24,7 +24,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from neuroncc.codegen.executable.builder import RingPool
+from neuroncc.codegen.executable.pools import RingPool
 from neuroncc.codegen.hardware import costs, isa
 from neuroncc.codegen.hardware.targets import Target
 from neuroncc.codegen.kernels.emit import EmitCtx, P, rect

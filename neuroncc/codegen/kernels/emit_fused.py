@@ -1,7 +1,8 @@
 """Fused row kernels: a group of elementwise ops, broadcasts and trailing reductions emitted as
 one kernel whose intermediates stay in SBUF. What a group is and how its values are laid out
 and buffered: Note [row space] in codegen/kernels/row_plan.py; what the kernel emits in place of
-some nodes (activation-reduces, folded casts): row_rewrites.py. Here: the kernel (`RowKernel`:
+some nodes (activation-reduces, folded casts): row_rewrites.py, and their instructions:
+row_ops.py. Here: the kernel (`RowKernel`:
 pools, constants, and `step`, one [rows, columns] tile of it) and how its instructions are spread
 over the engines.
 """
@@ -14,6 +15,12 @@ from dataclasses import replace
 from neuroncc.codegen.hardware import isa
 from neuroncc.codegen.kernels.emit import EmitCtx, P, _compute_instr, rect
 from neuroncc.codegen.kernels.engine_balance import EngineBalancer
+from neuroncc.codegen.kernels.row_ops import (
+    activation_reduce,
+    chunk_reduce,
+    square_sum,
+    with_immediate,
+)
 from neuroncc.codegen.kernels.row_plan import (
     REDUCE_OPS,
     RowPlan,
@@ -358,42 +365,6 @@ def _fit(const: isa.TileRef, rp: int, c0: int, f: int, whole_rows: bool) -> isa.
     return t.cols(c0 if whole_rows else 0, f)
 
 
-def _with_immediate(k: RowKernel, n: Node, dst: isa.TileRef, srcs: list) -> isa.Instr | None:
-    """x <op> c with c a float constant of the group, as tensor_scalar with c as an immediate:
-    one pass over x at the tensor_scalar rate (half of tensor_tensor's in fp32), and on any of
-    the three engines, instead of streaming a memset tile beside it."""
-    if n.op.info.kind != Kind.BINARY:
-        return None
-    x, c = n.inputs
-    value = k.const_values.get(c.id)
-    if value is None or not x.type.dtype.is_float or c.type.dtype != x.type.dtype:
-        return None
-    if srcs[0].shape != dst.shape or dst.free_elems == 1:
-        # x a per-partition scalar read as a row; or a [p, 1] row op, where the rate does not
-        # matter but moving it to another engine's queue would stall the row's chain
-        return None
-    return isa.TensorScalar("dve", op=n.op.value, dst=dst, src=srcs[0], scalar=value)
-
-
-def _emit_activation_reduce(k: RowKernel, n: Node, dst: isa.TileRef, tiles: dict, rp: int):
-    """n = f(x -/+ m) summed over the row (row_rewrites.activation_reduces): one ScalarE pass."""
-    b = k.ctx.b
-    diff, total = k.act_reduce[n.out.id]
-    x, m = (tiles[v.id] for v in diff.inputs)
-    bias = m
-    if diff.op == Op.SUB:
-        bias = k.row_pool.tile(rp, (1,), DType.F32)
-        b.emit(isa.TensorScalar("dve", op="mul", dst=bias, src=m, scalar=-1.0))
-    acc = k.row_pool.tile(rp, (1,), DType.F32)
-    act = isa.ActivationReduce("act", func=n.op.value, dst=dst, src=x, bias=bias, acc=acc)
-    b.emit(k.balance.place(act))
-    if total.out.type.dtype != DType.F32:
-        converted = k.row_pool.tile(rp, (1,), total.out.type.dtype)
-        b.emit(isa.TensorCopy("dve", dst=converted, src=acc))
-        acc = converted
-    tiles[total.out.id] = acc
-
-
 def _generated_tile(k: RowKernel, v: Value, r0: int, rp: int, c0: int, f: int) -> isa.TileRef:
     """Rows r0..r0+rp, columns c0..c0+f (f <= GEN_COLS) of a generated input (Note [generated
     masks]): an iota and a compare. The tiles are kept and reused by later steps that need the
@@ -433,46 +404,6 @@ def generated_values(nodes: Sequence[Node], roots: Mapping[int, tuple]) -> dict 
             if v.id in made and n.out.id not in made and (n.op is not Op.WHERE or i):
                 return None
     return made
-
-
-def _emit_square_sum(k: RowKernel, n: Node, dst, x, tiles: dict, rp: int) -> None:
-    """n = x * x summed over the row (row_rewrites.square_sums): one ScalarE pass."""
-    b, total = k.ctx.b, k.square_sums[n.out.id]
-    acc = k.row_pool.tile(rp, (1,), DType.F32)
-    b.emit(
-        isa.ActivationReduce("act", func="square", dst=dst, src=x, bias=k.zero.rows(rp), acc=acc)
-    )
-    if total.out.type.dtype != DType.F32:
-        converted = k.row_pool.tile(rp, (1,), total.out.type.dtype)
-        b.emit(isa.TensorCopy("dve", dst=converted, src=acc))
-        acc = converted
-    tiles[total.out.id] = acc
-
-
-_COMBINE = {"sum": "add", "max": "max", "min": "min"}
-
-
-def _chunk_reduce(k: RowKernel, n: Node, dst, src, rp: int, c0: int, f: int):
-    """Reduction n over one chunk of its rows (Note [wide rows]): the first chunk's into a new
-    running accumulator, each later one's combined into it. After the rows' last chunk, the
-    result in `dst` (or the accumulator, where it has the result's dtype); else None."""
-    b = k.ctx.b
-    acc_dt = n.inputs[0].type.dtype.accumulator
-    op = REDUCE_OPS[n.op]
-    if c0 == 0:
-        running = k.running[n.out.id] = k.acc_pool.tile(rp, (1,), acc_dt)
-        b.emit(isa.TensorReduce("dve", op=op, dst=running, src=src))
-    else:
-        running = k.running[n.out.id]
-        part = k.row_pool.tile(rp, (1,), acc_dt)
-        b.emit(isa.TensorReduce("dve", op=op, dst=part, src=src))
-        b.emit(isa.TensorTensor("dve", op=_COMBINE[op], dst=running, a=running, b=part))
-    if c0 + f < k.p.cols:
-        return None
-    if dst.dtype == acc_dt:
-        return running
-    b.emit(isa.TensorCopy("dve", dst=dst, src=running))
-    return dst
 
 
 def _load_period(ctx, v: Value, t: isa.TileRef, r0: int, rp: int, c0: int, f: int, cols: int):
@@ -607,11 +538,11 @@ def _tile_ops(k: RowKernel, r0: int, rp: int, c0: int, f: int, tiles: dict, pass
                 cut = [t.cols(lo, f - lo) if t.free == (f,) else t for t in srcs]
                 b.emit(k.balance.place(_compute_instr(n, dst.cols(lo, f - lo), cut)))
         elif n.out.id in k.act_reduce:
-            _emit_activation_reduce(k, n, dst, tiles, rp)
+            activation_reduce(k, n, dst, tiles, rp)
         elif n.out.id in k.square_sums:  # (x's tile: the first operand)
-            _emit_square_sum(k, n, dst, srcs[0], tiles, rp)
+            square_sum(k, n, dst, srcs[0], tiles, rp)
         elif n.op in REDUCE_OPS and p.chunked:
-            dst = _chunk_reduce(k, n, dst, srcs[0], rp, c0, f)
+            dst = chunk_reduce(k, n, dst, srcs[0], rp, c0, f)
             if dst is None:  # the rows' later chunks add to it
                 continue
         elif n.op in REDUCE_OPS:
@@ -621,9 +552,7 @@ def _tile_ops(k: RowKernel, r0: int, rp: int, c0: int, f: int, tiles: dict, pass
             if acc is not dst:
                 b.emit(isa.TensorCopy("dve", dst=dst, src=acc))
         else:
-            b.emit(
-                k.balance.place(_with_immediate(k, n, dst, srcs) or _compute_instr(n, dst, srcs))
-            )
+            b.emit(k.balance.place(with_immediate(k, n, dst, srcs) or _compute_instr(n, dst, srcs)))
         tiles[n.out.id] = dst
         if n.out.id in escaping_ids:
             store(n.out, dst)

@@ -7,7 +7,7 @@ import math
 from neuroncc.codegen.hardware import isa
 from neuroncc.codegen.hardware.targets import Target
 from neuroncc.codegen.kernels.emit import TILE_BYTES, EmitCtx, P, rect, register, tiles_2d
-from neuroncc.codegen.kernels.emit_matmul import (
+from neuroncc.codegen.kernels.emit_transpose import (
     emit_transpose_folded,
     emit_transpose_on_pe,
     pe_transposable,

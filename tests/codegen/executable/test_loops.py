@@ -283,7 +283,7 @@ def _pe_transposes(exe: Executable) -> int:
     bf16=st.booleans(),
 )
 def test_transpose_loops_equal_their_unrolled_form(fresh, both_ways, lead, r, c, bf16):
-    """TensorE transposes go block by block (emit_matmul._transpose_blocks): partial edge
+    """TensorE transposes go block by block (emit_transpose.transpose_blocks): partial edge
     blocks, rows of blocks, matrices and inner leading indices each start a new form of the
     loop (each case fails when its mark is left out of the forms)."""
     perm = (1, 0, 3, 2) if lead == "swapped" else (*range(len(lead)), len(lead) + 1, len(lead))
