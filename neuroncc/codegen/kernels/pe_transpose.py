@@ -45,6 +45,11 @@ class PeTransposer:
         self.psum = b.carve("psum", bank.base, P * 4, bufs=4 * banks)
         self._engine = 0
 
+    def align(self) -> None:
+        """The next transpose at a whole turn of the PSUM slots (Note [aligned steps] in
+        emit_fused.py): safe anywhere, as each result is copied out as it is made."""
+        self.psum.align(self.psum.bufs)
+
     def loop_state(self) -> int:
         """The engine the next result leaves PSUM on, where they alternate."""
         return self._engine

@@ -225,9 +225,8 @@ def test_attention_loops_equal_their_unrolled_form(fresh, both_ways, seq, heads,
 
 
 def test_attention_built_once_per_head_group_runs_right(fresh, both_ways):
-    """32 heads of 512, not causal (causal masks leave fewer key tiles per group than turn
-    the Pᵀ pool whole: a longer period): the kernel builds a few head groups' steps and
-    places the rest, and the simulator, running what was placed, gives PyTorch's numbers."""
+    """32 heads of 512, not causal: the kernel builds a few head groups' steps and places the
+    rest, and the simulator, running what was placed, gives PyTorch's numbers."""
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 32, 512, 64) for _ in range(3))
 
@@ -238,6 +237,30 @@ def test_attention_built_once_per_head_group_runs_right(fresh, both_ways):
     torch.testing.assert_close(got, f(q, k, v), rtol=2e-4, atol=2e-4)
     exe = max((e for _, e in both_ways), key=lambda e: len(e.instructions))
     assert sum(len(b.instructions) for b in exe.blocks) < len(exe.instructions) / 2
+
+
+def test_causal_attention_repeats_head_by_head(fresh, both_ways, monkeypatch):
+    """Causal rows differ per query block, so the pipeline repeats a head at a time, and only
+    if its steps of fewer live key tiles leave the pools where full ones do (aligned steps,
+    emit_attention): 32 heads of 512 run right with most steps placed, and at the compiler's
+    own loop lengths 8 heads of 4096 (on meta) place steps, where none were."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 32, 512, 64) for _ in range(3))
+
+    def f(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    got = torch.compile(f, backend="neuron", options={"disk_cache": False})(q, k, v)
+    torch.testing.assert_close(got, f(q, k, v), rtol=2e-4, atol=2e-4)
+    exe = max((e for _, e in both_ways), key=lambda e: len(e.instructions))
+    assert sum(len(b.instructions) for b in exe.blocks) < len(exe.instructions) / 2
+    monkeypatch.setattr(loops, "MIN_LOOP", 128)
+    torch._dynamo.reset()
+    args = [torch.empty(1, 8, 4096, 128, device="meta", dtype=torch.bfloat16) for _ in range(3)]
+    opts = {"timing_only": True, "target": "trn2", "disk_cache": False}
+    torch.compile(f, backend="neuron", options=opts)(*args)
+    exe = max((e for _, e in both_ways), key=lambda e: len(e.instructions))
+    assert sum(len(b.instructions) for b in exe.blocks) < 0.75 * len(exe.instructions)
 
 
 @settings(
