@@ -102,10 +102,10 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
     # Where the pipeline is a loop, each step starts the transposes' PSUM slots at a whole
     # turn, and Pᵀ's pool and the row group's pools at a whole block's or step's buffers, so
     # that steps of fewer live key tiles (a causal mask's) leave them where the others do
-    # (Note [aligned steps] in emit_fused.py):
-    # a head's steps then repeat head by head (at 4096 keys, causal, 32 heads: 60676 -> 9700
-    # instructions built). An aligned step leaves buffers idle, so only loops align (the
-    # suite's attention at 512 tokens: +1.4% device time aligned).
+    # (Note [aligned steps] in emit_fused.py) and the steps repeat head by head (32 causal
+    # heads of 4096: 60676 -> 9700 instructions built). Pᵀ's tiles live two steps, within the
+    # 2u blocks its pool holds at least. An aligned step leaves buffers idle, so only loops
+    # align (the suite's attention at 512 tokens, aligned: +1.4% device time).
     looped = b.builds_by_iteration(len(steps) + 2 - first)  # (the loop's iterations)
     # The row group's pools last: nearest the previous kernel's tiles (Note [kernel
     # placement]), as the row group is the last phase to start.
