@@ -98,7 +98,8 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
     inv_pool = b.sbuf_pool(64, bufs=bufs["inv"])
     blocks = query_blocks(ap)
     steps = [blocks[i : i + u] for i in range(0, len(blocks), u)]
-    first = -3  # the pipeline steps run from first to len(steps) + 1
+    pipeline = range(-3, len(steps) + 2)  # the pipeline steps, one per loop iteration
+    first = pipeline[0]
     # Where the pipeline is a loop, each step starts the transposes' PSUM slots at a whole
     # turn, and Pᵀ's pool and the row group's pools at a whole block's or step's buffers, so
     # that steps of fewer live key tiles (a causal mask's) leave them where the others do
@@ -106,7 +107,7 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
     # heads of 4096: 60676 -> 9700 instructions built). Pᵀ's tiles live two steps, within the
     # 2u blocks its pool holds at least. An aligned step leaves buffers idle, so only loops
     # align (the suite's attention at 512 tokens, aligned: +1.4% device time).
-    looped = b.builds_by_iteration(len(steps) + 2 - first)  # (the loop's iterations)
+    looped = b.builds_by_iteration(len(pipeline))
     # The row group's pools last: nearest the previous kernel's tiles (Note [kernel
     # placement]), as the row group is the last phase to start.
     row = RowKernel(
@@ -323,8 +324,8 @@ def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
         return tuple(map(block_form, steps[si])) if 0 <= si < len(steps) else None
 
     # Note [instruction loops]: a pipeline step is fixed by the steps its phases reach.
-    reached = {si: step_form(si) for si in range(first + reach[0], len(steps) + 2 + reach[-1])}
-    forms = [tuple(reached[s + r] for r in reach) for s in range(first, len(steps) + 2)]
+    reached = {si: step_form(si) for si in range(first + reach[0], pipeline[-1] + 1 + reach[-1])}
+    forms = [tuple(reached[s + r] for r in reach) for s in pipeline]
 
     def head_at(s: int) -> int:
         return blocks[min(max(s * u, 0), len(blocks) - 1)][0]
