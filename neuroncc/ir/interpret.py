@@ -34,7 +34,7 @@ def _unary(n: Node, x: np.ndarray) -> np.ndarray:
 
 def _binary(n: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     cd = compute_dtype(n.inputs[0].type.dtype)
-    a, b = a.astype(cd), b.astype(cd)
+    a, b = a.astype(cd, copy=False), b.astype(cd, copy=False)
     if n.op == Op.DIV and cd.kind == "i":
         return numerics.int_divide(a, b)
     return numerics.BINARY[n.op.value](a, b)
@@ -117,7 +117,8 @@ def evaluate_node(n: Node, args: Sequence[np.ndarray]) -> np.ndarray:
     fn = _BY_OP.get(n.op) or _BY_KIND[n.op.info.kind]
     with np.errstate(all="ignore"):
         result = np.asarray(fn(n, *args))
-    return np.asarray(result.astype(n.out.type.dtype.numpy), order="C").reshape(n.out.type.shape)
+    result = result.astype(n.out.type.dtype.numpy, copy=False)
+    return np.asarray(result, order="C").reshape(n.out.type.shape)
 
 
 def interpret(g: Graph, args: Sequence[np.ndarray]) -> list[np.ndarray]:
