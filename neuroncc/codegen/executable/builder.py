@@ -181,6 +181,7 @@ class ProgramBuilder(LoopBuilder):
         self._pools: list[TilePool] = []  # the open kernel's
         self._loop_waits: dict[int, tuple[int, dict]] | None = None  # Note [placed iterations]
         self._loop_start = 0  # the running loop's first instruction
+        self.loop_period = 0  # iterations in the period a loop placed last
         self._rings: list[RingPool] = []  # the program's
         self._opened_at = (0, 0)  # the SBUF and PSUM tops the last kernel opened at
         self.unrolled = False  # loops emit every iteration (what a compact loop must equal)

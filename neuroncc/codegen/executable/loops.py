@@ -82,7 +82,12 @@ class LoopBuilder:
         return n >= MIN_LOOP or (n >= min(MIN_BIG_LOOP, MIN_LOOP) and size >= BIG_ITERATION)
 
     def loop(
-        self, forms: Sequence[Hashable], state: Callable[[], Hashable] = tuple, size: int = 1
+        self,
+        forms: Sequence[Hashable],
+        state: Callable[[], Hashable] = tuple,
+        size: int = 1,
+        max_period: int = MAX_PERIOD,
+        partial: bool = False,
     ) -> Iterator[int]:
         """The iterations of a loop of the open kernel that the caller must emit, in order:
         each is a block of its own, and a run of iterations that repeats earlier ones is placed
@@ -92,7 +97,12 @@ class LoopBuilder:
         the neighbours it reaches into look like) and by the state it meets, with HBM
         addresses affine in i over iterations whose forms repeat. `state()` is the state the
         caller carries from one iteration to the next (tiles it holds, choices it made); the
-        builder adds its own (its pools' rotation, the queues dealt)."""
+        builder adds its own (its pools' rotation, the queues dealt). The loop looks for
+        periods of up to `max_period` iterations. It places whole periods, and with `partial`
+        also the iterations of a period's start that the forms repeat after the last whole
+        one: the caller then takes the loop up from any iteration, in the state the iteration
+        a period before (`loop_period`, the last placed) left, moved on (Note [placed
+        iterations])."""
         if self._open is None or self._loop_waits is not None:
             raise CodegenError("a loop runs inside a kernel, and not inside another loop")
         seen: list[_Iteration] = []
@@ -116,7 +126,8 @@ class LoopBuilder:
                     seen.append(_Iteration(None, before))
                 i += 1
                 if not self.unrolled and i < n:
-                    placed = self._repeat(seen, forms, i, self._loop_state(state))
+                    now = self._loop_state(state)
+                    placed = self._repeat(seen, forms, i, now, max_period, partial)
                     if placed:
                         i += placed
                         self._open_segment()  # at the queue the placed iterations left
@@ -127,10 +138,18 @@ class LoopBuilder:
         rotation = tuple(p.state for p in self._turning())
         return _LoopState(state(), rotation, self._sbuf.top, self._psum.top, self._queue)
 
-    def _repeat(self, seen: list[_Iteration], forms: Sequence[Hashable], i: int, now) -> int:
+    def _repeat(
+        self,
+        seen: list[_Iteration],
+        forms: Sequence[Hashable],
+        i: int,
+        now: _LoopState,
+        max_period: int,
+        partial: bool,
+    ) -> int:
         """Place iterations i, i+1, ... as copies of the period of p iterations that just
         repeated, for as many whole periods as the forms repeat; how many it placed."""
-        for p in range(1, min(MAX_PERIOD, len(seen) // 2) + 1):
+        for p in range(1, min(max_period, len(seen) // 2) + 1):
             if i + p > len(forms) or forms[i] != forms[i - p]:
                 continue
             step = self._period(seen, p, now)
@@ -141,6 +160,10 @@ class LoopBuilder:
                 forms[x] == forms[x - p] for x in range(i + count, i + count + p)
             ):
                 count += p
+            while partial and count and i + count < len(forms):
+                if forms[i + count] != forms[i + count - p]:
+                    break
+                count += 1
             if not count:
                 continue
             rotation, queues, strides = step
@@ -166,9 +189,11 @@ class LoopBuilder:
                 state = _LoopState(was.caller, moved, was.sbuf, was.psum, was.queue + queues)
                 seen.append(_Iteration(call, state, index))
             self._record_deferred(deferred, p)
-            for pool, d in zip(self._turning(), rotation, strict=True):
-                pool.state += d * (count // p)
-            self._queue += queues * (count // p)
+            before = seen[-p].state  # the next iteration's, a period back
+            for pool, r, d in zip(self._turning(), before.rotation, rotation, strict=True):
+                pool.state = r + d
+            self._queue = before.queue + queues
+            self.loop_period = p
             return count
         return 0
 

@@ -31,6 +31,16 @@ class TilePool:
         self.state += 1
         return t
 
+    def tile_at(self, slot: int, np_: int, free: Sequence[int], dtype: DType) -> isa.TileRef:
+        """A tile in slot `slot`, the rotation left as it is: for tiles that the caller keeps
+        one per slot (safe where the slot's tile before is read by nothing issued later)."""
+        state = self.state
+        self.state = slot
+        try:
+            return self.tile(np_, free, dtype)
+        finally:
+            self.state = state
+
     def align(self, block: int) -> None:
         """Take the next tile at a multiple of `block` tiles (Note [aligned steps] in
         emit_fused.py): safe where what the tiles from there on hold is read by nothing

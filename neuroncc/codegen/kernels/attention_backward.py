@@ -58,6 +58,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from neuroncc.codegen.executable.builder import ALIGN
+from neuroncc.codegen.executable.loops import loop_bufs
 from neuroncc.codegen.hardware.targets import Target
 from neuroncc.codegen.kernels import attention_recompute as recompute
 from neuroncc.codegen.kernels.attention_gradients import Gradient, concat_of, view_as
@@ -141,14 +142,19 @@ class BackwardPlan:
         it = self.p.type.dtype.itemsize
         kt, d, kb = self.tiles_per_block, self.d, self.block_keys
         query_blocks = len(self.query_blocks)
+        # K's tiles: the key blocks of three steps (Note [backward pipeline]), or a few more
+        # so that a head's key blocks turn the pool whole (Note [backward loop])
+        k_bufs = loop_bufs(3 * kt, 4 * len(self.key_blocks) * kt)
         pools = {
-            "k": (d * it, 3 * kt),  # the key blocks of three steps (Note [backward pipeline])
+            "k": (d * it, k_bufs),
             "vt": (kb * it, 2),
             "rows": (d * it, 12),  # dO, O, Q blocks: two steps in flight, and one loading
             "prod": (d * 4, 2),
             "d": (4, query_blocks if self.accumulates_dq else 4),
-            "p": (kb * it, 3),
-            "ds": (kb * it, 3),
+            # P and dS of three steps, and a fourth: a head's steps, a multiple of four
+            # where its query blocks are, then turn the pools whole (Note [backward loop])
+            "p": (kb * it, 4),
+            "ds": (kb * it, 4),
             "do_t": (P * it, 2),
             "ds_t": (P * it, 2 * kt),
             "dq": (d * it, 2),

@@ -88,7 +88,7 @@ def emit_fused(
         return [kernel.prefetch(*spec) for spec in group] if early else [{}] * len(group)
 
     loaded = prefetch(groups[0])
-    periods = [v.type.numel // p.cols for v in _inputs(nodes) if p.kind.get(v.id) == "period"]
+    periods = kernel.periods
 
     # Where a step lies in its rows: its column, where a step's instructions read it (a
     # generated mask's iota base, a slice of constants that hold the whole row); otherwise
@@ -161,6 +161,11 @@ class RowKernel:
         steps]), for a caller that loads nothing ahead of them (`prefetch`)."""
         b = ctx.b
         self.ctx, self.nodes, self.p = ctx, nodes, p
+        # the rows of each input whose rows repeat (a mask shared by heads), where a step's
+        # rows fall in them fixes its loads
+        self.periods = [
+            v.type.numel // p.cols for v in _inputs(nodes) if p.kind.get(v.id) == "period"
+        ]
         defined = {n.out.id for n in nodes}
         kernel = defined | inside
         users = ctx.users
@@ -348,9 +353,10 @@ class RowKernel:
 
 def _passed_columns(k: RowKernel, n: Node, passed: dict, c0: int, f: int) -> int:
     """Leading columns of a step where the select n leaves its `a` input as it is: its
-    condition is true there and it writes over a's tile."""
-    lo = passed.get(n.out.id, 0)
-    if not lo or c0 != 0 or n.op.info.kind != Kind.SELECT:
+    condition is true there (`passed`: the leading columns of the row where it is) and it
+    writes over a's tile."""
+    lo = passed.get(n.out.id, 0) - c0
+    if lo <= 0 or n.op.info.kind != Kind.SELECT:
         return 0
     return min(lo, f) if k.in_place.get(n.out.id) == n.inputs[1].id else 0
 

@@ -263,6 +263,61 @@ def test_causal_attention_repeats_head_by_head(fresh, both_ways, monkeypatch):
     assert sum(len(b.instructions) for b in exe.blocks) < 0.75 * len(exe.instructions)
 
 
+def _attention_grads(q, k, v, causal: bool, options: dict):
+    """SDPA's gradients through torch.compile, K and V repeated over Q's heads as HF's
+    `repeat_kv` does (expand and reshape) where they have fewer heads."""
+
+    def f(q, k, v):
+        rep = q.shape[1] // k.shape[1]
+        k, v = (x[:, :, None].expand(-1, -1, rep, -1, -1).flatten(1, 2) for x in (k, v))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    torch._dynamo.reset()
+    torch.compile(f, backend="neuron", options={"disk_cache": False, **options})(q, k, v).sum(
+    ).backward()  # fmt: skip
+    return f
+
+
+@settings(
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    seq=st.sampled_from([256, 640, 1024]),
+    heads=st.sampled_from([3, 4, 6]),
+    kv_heads=st.sampled_from([1, 2, 0]),  # 0: as many as Q's
+    causal=st.booleans(),
+)
+def test_attention_backward_loops_equal_their_unrolled_form(
+    fresh, both_ways, seq, heads, kv_heads, causal
+):
+    """The attention backward's pipeline (Note [backward loop]) repeats head by head, its
+    carried tiles moved on with the steps the loop places; K's heads repeated over Q's move
+    in HBM by a different stride at each group's end, which the heads' forms tell apart."""
+    kv = kv_heads if kv_heads and heads % kv_heads == 0 else heads
+    shapes = ((1, heads, seq, 64), (1, kv, seq, 64), (1, kv, seq, 64))
+    args = [torch.empty(s, device="meta", dtype=torch.bfloat16, requires_grad=True) for s in shapes]
+    _attention_grads(*args, causal, {"timing_only": True, "target": "trn2"})
+    assert any("backward" in name for name, _ in both_ways)
+
+
+def test_attention_backward_built_once_per_head_runs_right(fresh, both_ways):
+    """32 causal heads of 256 over 8 K and V heads: the backward builds the first heads'
+    steps (two periods of a group of 4 heads: K's head moves once per group) and places the
+    rest, and the simulator, running what was placed, gives PyTorch's gradients."""
+    torch.manual_seed(0)
+    q = torch.randn(1, 32, 256, 32, requires_grad=True)
+    k, v = (torch.randn(1, 8, 256, 32, requires_grad=True) for _ in range(2))
+    f = _attention_grads(q, k, v, True, {})
+    got = [x.grad for x in (q, k, v)]
+    for x in (q, k, v):
+        x.grad = None
+    f(q, k, v).sum().backward()
+    for g, x in zip(got, (q, k, v), strict=True):
+        torch.testing.assert_close(g, x.grad, rtol=2e-4, atol=2e-4)
+    exe = next(e for name, e in both_ways if "backward" in name)
+    assert sum(len(b.instructions) for b in exe.blocks) < len(exe.instructions) / 2
+
+
 @settings(
     max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
