@@ -161,6 +161,7 @@ class ProgramBuilder(LoopBuilder):
         self._hbm_top = 0
         self._arena: tuple[int, int] | None = None  # (offset, bytes) of the plan's arena
         self._boundary = DepTracker(self.buffers)  # the kernels' touches: Note [kernel boundaries]
+        self._needed_cache: dict[tuple[int, Waits], tuple] = {}  # (`_needed_within`)
         self._emitted = 0  # instructions placed by calls
         self._open: str | None = None  # the open kernel's name
         self._kernel_base = 0  # ... its first instruction
@@ -356,20 +357,39 @@ class ProgramBuilder(LoopBuilder):
             call = self.calls[k]
             block = self.blocks[call.block]
             n = len(block.instructions)
-            waits = {
-                j: {turn_queue(engine, start, shared): base + i for engine, i in latest}
-                for j, latest in inner[k - self._kernel_calls]
-            }
-            while e < len(entering) and entering[e] < at + n:
-                merged = waits.setdefault(entering[e] - at, {})
-                for engine, i in cross[entering[e]].items():
-                    merged[engine] = max(merged.get(engine, -1), i)
-                e += 1
-            self.calls[k] = with_fields(call, {"waits": _needed(block, waits)})
+            within = inner[k - self._kernel_calls]
+            if e == len(entering) or entering[e] >= at + n:  # waits on the kernel alone
+                needed = self._needed_within(call.block, within)
+                waits = tuple((j, tuple(base + i for i in ids)) for j, ids in needed)
+            else:
+                latest = {
+                    j: {turn_queue(engine, start, shared): base + i for engine, i in w}
+                    for j, w in within
+                }
+                while e < len(entering) and entering[e] < at + n:
+                    merged = latest.setdefault(entering[e] - at, {})
+                    for engine, i in cross[entering[e]].items():
+                        merged[engine] = max(merged.get(engine, -1), i)
+                    e += 1
+                waits = _needed(block, latest)
+            self.calls[k] = with_fields(call, {"waits": waits})
             at += n
         for touch in footprint.exits:
             mem, box, engine = self._in_kernel(touch, footprint.buffers, start)
             self._boundary.record_access(base + touch.instr, engine, mem, box, touch.write, base)
+
+    def _needed_within(self, index: int, within: Waits) -> tuple:
+        """`_needed` of a call of block `index` whose waits are on its kernel alone, counted
+        from the kernel's first instruction and queue: the same for every kernel that replays
+        the call (which waits an engine's order meets does not depend on where the kernel
+        starts), so worked out once."""
+        key = (index, within)
+        needed = self._needed_cache.get(key)
+        if needed is None:
+            block = self.blocks[index]
+            needed = _needed(block, {j: dict(w) for j, w in within})
+            self._needed_cache[key] = needed
+        return needed
 
     def _itemsize(self, buffer: str) -> int:
         return self.buffers[buffer].dtype.itemsize
