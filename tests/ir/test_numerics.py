@@ -33,3 +33,19 @@ def test_error_in_ulps(fn, ref, ulps):
 
 def test_erf_keeps_nan():
     assert np.isnan(numerics.erf(np.array([np.nan], dtype=np.float32))).all()
+
+
+@pytest.mark.parametrize("exponent", [2.0, 3.0, -2.0, -0.5, -1.0, 1.7])
+def test_pow_by_a_scalar_is_pytorchs(exponent):
+    """PyTorch's CPU kernel takes a tensor to 3 or -2 as products and to -0.5 as a root
+    (GPT-2's gelu cubes): those bit for bit; other exponents within an ulp (powf)."""
+    import torch
+
+    x = POINTS[np.isfinite(POINTS) & (np.abs(POINTS) < 1e12)]
+    want = torch.pow(torch.from_numpy(x), exponent).numpy()
+    got = numerics.BINARY["pow"](x, np.float32(exponent))
+    assert got.dtype == np.float32
+    if exponent == 1.7:
+        np.testing.assert_array_max_ulp(got[x > 0], want[x > 0], maxulp=1)
+    else:
+        np.testing.assert_array_equal(got, want)
