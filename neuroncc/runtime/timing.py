@@ -23,7 +23,7 @@ import dataclasses
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 
-from neuroncc.codegen.executable.blocks import relocated, turn_queue
+from neuroncc.codegen.executable.blocks import turn_queue
 from neuroncc.codegen.executable.program import Executable
 from neuroncc.codegen.hardware import costs, isa
 from neuroncc.codegen.hardware.targets import Target
@@ -98,7 +98,7 @@ def io_bytes(instructions, reads: dict[str, int], writes: dict[str, int]) -> int
     than these bytes at the bandwidth."""
     accesses = (
         # an indirect DMA's rows depend on its index: never the same as another's
-        (ref.buffer, write, ref if nbytes == ref.nbytes else (ref, i), nbytes, ref)
+        (ref.buffer, write, ref if nbytes == ref.nbytes else (ref, i), nbytes, ref, 0)
         for i, ins in enumerate(instructions)
         for ref, nbytes, write in hbm_refs(ins)
     )
@@ -106,31 +106,43 @@ def io_bytes(instructions, reads: dict[str, int], writes: dict[str, int]) -> int
 
 
 def _io_total(accesses, reads: dict[str, int], writes: dict[str, int]) -> int:
-    """io_bytes of (buffer, is a write, what tells the access from others, bytes, pattern)."""
+    """io_bytes of (buffer, is a write, what tells the access from others, bytes, pattern,
+    bytes the pattern is moved by)."""
     distinct: dict[tuple[str, bool], dict] = defaultdict(dict)
-    for buffer, write, key, nbytes, ref in accesses:
+    for buffer, write, key, nbytes, ref, moved in accesses:
         if buffer in (writes if write else reads):
-            distinct[buffer, write][key] = (nbytes, ref)
+            distinct[buffer, write][key] = (nbytes, ref, moved)
     total = 0
+    spans_of: dict[isa.DramRef, tuple[int, int]] = {}  # (a pattern repeats at other offsets)
     for (name, write), refs in distinct.items():
         size = (writes if write else reads)[name]
-        spans = [_byte_span(ref) for _, ref in refs.values()]
-        total += min(size, sum(n for n, _ in refs.values()), _union_length(spans))
+        spans = []
+        for _, ref, moved in refs.values():
+            span = spans_of.get(ref)
+            if span is None:
+                span = spans_of[ref] = _byte_span(ref)
+            spans.append((span[0] + moved, span[1] + moved))
+        total += min(size, sum(n for n, _, _ in refs.values()), _union_length(spans))
     return total
 
 
-def _call_accesses(exe: Executable):
-    """io_bytes' accesses of exe's unrolled stream, read from its blocks and calls."""
+def _call_accesses(exe: Executable, reads: dict[str, int], writes: dict[str, int]):
+    """io_bytes' accesses of exe's unrolled stream, read from its blocks and calls: the reads
+    of `reads` and the writes of `writes` (a deep model's are mostly of temporaries, which
+    io_bytes does not count)."""
     per_block: dict[int, list] = {}
     for c, call in enumerate(exe.calls):
         refs = per_block.get(call.block)
         if refs is None:
             refs = per_block[call.block] = _block_accesses(exe.blocks[call.block])
         for param, write, key, nbytes, ref, indirect in refs:
+            if call.args[param] not in (writes if write else reads):
+                continue
             offset = call.offset(param)
             if offset:  # the pattern where this call puts it
-                key, ref = (key, offset), relocated(ref, ref.buffer, ref.offset + offset)
-            yield call.args[param], write, (key, c) if indirect else key, nbytes, ref
+                key = (key, offset)
+            moved = offset * ref.dtype.itemsize
+            yield call.args[param], write, (key, c) if indirect else key, nbytes, ref, moved
 
 
 def _block_accesses(block) -> list[tuple]:
@@ -172,7 +184,7 @@ def roofline_ns(exe: Executable, t: Target) -> float:
     slice of one only the slice)."""
     reads = {b.name: b.nbytes for b in exe.buffers if b.kind == "input"}
     writes = {b.name: b.nbytes for b in exe.buffers if b.kind == "output"}
-    io = _io_total(_call_accesses(exe), reads, writes)
+    io = _io_total(_call_accesses(exe, reads, writes), reads, writes)
     calls = Counter(call.block for call in exe.calls)
     compute = sum(n * _compute_ns(exe.blocks[b].instructions, t) for b, n in calls.items())
     return max(compute, io / t.hbm_gbps)
