@@ -148,7 +148,8 @@ class LoopBuilder:
         partial: bool,
     ) -> int:
         """Place iterations i, i+1, ... as copies of the period of p iterations that just
-        repeated, for as many whole periods as the forms repeat; how many it placed."""
+        repeated, for as many whole periods as the forms repeat (with `partial`, and as many
+        iterations of the next as repeat); how many it placed."""
         for p in range(1, min(max_period, len(seen) // 2) + 1):
             if i + p > len(forms) or forms[i] != forms[i - p]:
                 continue
