@@ -198,12 +198,12 @@ class _Backward:
         self.steps = steps = [None, None, *steps, None, None]  # (the pipeline fills and drains)
         self.index = {step: i for i, step in enumerate(steps) if step is not None}
         per_head = max(1, (len(steps) - 4) // max(1, bp.batch))  # steps, on average
-        self.looped = self.b.builds_by_iteration(len(steps) - 2, size=BIG_ITERATION)
-        if self.rc is not None:
-            self.rows.aligned = self.looped
         # the iterations that make a step: the last head's repeat the others', where the two
         # after them (the pipeline draining) do not
         forms = [self.iteration_form(t) for t in range(len(steps) - 4)]
+        self.looped = self.b.builds_by_iteration(len(forms), BIG_ITERATION)
+        if self.rc is not None:
+            self.rows.aligned = self.looped
         max_period = 4 * per_head * self.head_group()
         met: dict[int, _Carried] = {}  # iteration -> what it met (the last period's)
         done = -1  # the last iteration emitted
