@@ -98,6 +98,17 @@ class _Carried:
     zeros: isa.TileRef | None
     rows: tuple[dict, dict] | None
 
+    def copy(self) -> _Carried:
+        """A copy whose tables the emitter may change without changing this one."""
+        return _Carried(
+            {step: dict(tiles) for step, tiles in self.state.items()},
+            {key: x.copy() for key, x in self.blocks.items()},
+            dict(self.row_sums),
+            dict(self.dq_sums),
+            self.zeros,
+            None if self.rows is None else (dict(self.rows[0]), dict(self.rows[1])),
+        )
+
 
 class _Backward:
     def __init__(self, ctx: EmitCtx, bp: BackwardPlan) -> None:
@@ -197,6 +208,7 @@ class _Backward:
                     self.store_zeros(bi, self.tiles_of(j))
         self.steps = steps = [None, None, *steps, None, None]  # (the pipeline fills and drains)
         self.index = {step: i for i, step in enumerate(steps) if step is not None}
+        self.strides = [self.head_strides(bi) for bi in range(bp.batch)]
         per_head = max(1, (len(steps) - 4) // max(1, bp.batch))  # steps, on average
         # the iterations that make a step: the last head's repeat the others', where the two
         # after them (the pipeline draining) do not
@@ -263,7 +275,7 @@ class _Backward:
         block = self.block_index(bi, r0)
         prefix = tuple(p[block] for _, p in self.rc.true_prefix) if self.rc else ()
         last = (self.last_block(bi, r0), self.last_step[bi, j] == step)
-        return (j, r0, rp, self.width(step), last, prefix, self.head_strides(bi))
+        return (j, r0, rp, self.width(step), last, prefix, self.strides[bi])
 
     def head_strides(self, bi: int) -> tuple | None:
         """How far head bi's matrices lie in HBM from head bi - 1's, and where its rows fall
@@ -278,7 +290,7 @@ class _Backward:
 
     def head_group(self) -> int:
         """After how many heads the heads' strides repeat (the heads that share K and V)."""
-        strides = [self.head_strides(bi) for bi in range(1, self.bp.batch)]
+        strides = self.strides[1:]
         for q in range(1, len(strides)):
             if strides[q:] == strides[:-q]:
                 return q
@@ -313,22 +325,17 @@ class _Backward:
 
     def snapshot(self) -> _Carried:
         """What the next iteration meets, copied."""
-        rows = (dict(self.rows.gen_tiles), dict(self.rows.running)) if self.rc else None
+        rows = (self.rows.gen_tiles, self.rows.running) if self.rc else None
         return _Carried(
-            {step: dict(tiles) for step, tiles in self.state.items()},
-            {key: x.copy() for key, x in self.blocks.items()},
-            dict(self.row_sums),
-            dict(self.dq_sums),
-            self.zeros,
-            rows,
-        )
+            self.state, self.blocks, self.row_sums, self.dq_sums, self.zeros, rows
+        ).copy()
 
     def restore(self, c: _Carried) -> None:
-        self.state = {step: dict(tiles) for step, tiles in c.state.items()}
-        self.blocks = {key: x.copy() for key, x in c.blocks.items()}
-        self.row_sums, self.dq_sums, self.zeros = dict(c.row_sums), dict(c.dq_sums), c.zeros
+        c = c.copy()
+        self.state, self.blocks, self.zeros = c.state, c.blocks, c.zeros
+        self.row_sums, self.dq_sums = c.row_sums, c.dq_sums
         if c.rows is not None:
-            self.rows.gen_tiles, self.rows.running = dict(c.rows[0]), dict(c.rows[1])
+            self.rows.gen_tiles, self.rows.running = c.rows
 
     def moved(self, c: _Carried, t: int, to: int) -> _Carried:
         """What iteration `to` meets, where iteration t met c and the iterations between

@@ -47,11 +47,7 @@ def activation_reduce(k: RowKernel, n: Node, dst: isa.TileRef, tiles: dict, rp: 
     acc = k.row_pool.tile(rp, (1,), DType.F32)
     act = isa.ActivationReduce("act", func=n.op.value, dst=dst, src=x, bias=bias, acc=acc)
     b.emit(k.balance.place(act))
-    if total.out.type.dtype != DType.F32:
-        converted = k.row_pool.tile(rp, (1,), total.out.type.dtype)
-        b.emit(isa.TensorCopy("dve", dst=converted, src=acc))
-        acc = converted
-    tiles[total.out.id] = acc
+    tiles[total.out.id] = _as_sum(k, total, acc, rp)
 
 
 def square_sum(k: RowKernel, n: Node, dst, x, tiles: dict, rp: int) -> None:
@@ -61,11 +57,17 @@ def square_sum(k: RowKernel, n: Node, dst, x, tiles: dict, rp: int) -> None:
     b.emit(
         isa.ActivationReduce("act", func="square", dst=dst, src=x, bias=k.zero.rows(rp), acc=acc)
     )
-    if total.out.type.dtype != DType.F32:
-        converted = k.row_pool.tile(rp, (1,), total.out.type.dtype)
-        b.emit(isa.TensorCopy("dve", dst=converted, src=acc))
-        acc = converted
-    tiles[total.out.id] = acc
+    tiles[total.out.id] = _as_sum(k, total, acc, rp)
+
+
+def _as_sum(k: RowKernel, total: Node, acc: isa.TileRef, rp: int) -> isa.TileRef:
+    """ScalarE's fp32 row sum `acc` as the sum node `total`'s tile: converted where its dtype
+    is not fp32."""
+    if total.out.type.dtype == DType.F32:
+        return acc
+    converted = k.row_pool.tile(rp, (1,), total.out.type.dtype)
+    k.ctx.b.emit(isa.TensorCopy("dve", dst=converted, src=acc))
+    return converted
 
 
 def chunk_reduce(k: RowKernel, n: Node, dst, src, rp: int, c0: int, f: int):
