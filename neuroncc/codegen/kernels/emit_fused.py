@@ -330,12 +330,19 @@ class RowKernel:
                         results[i] = done.value
         return results
 
-    def _align(self) -> None:
-        """Note [aligned steps]."""
+    def _align(self, whole: bool = False) -> None:
+        """Note [aligned steps]: the next step's tiles start at a whole step's block of each
+        pool, or with `whole` at a whole turn of it."""
         per_step = [*self.slot_pools, self.row_pool, self.period_pool]
         for pool in per_step:
             if pool is not None:
-                pool.align(pool.bufs // self.rounds)
+                pool.align(pool.bufs if whole else pool.bufs // self.rounds)
+
+    def turn(self) -> None:
+        """Start the next step at a whole turn of the pools: for a caller whose loop's
+        iterations issue several steps each (a matmul's epilogue, one step per result tile),
+        so that each iteration turns them by whole rotations (Note [aligned steps])."""
+        self._align(whole=True)
 
 
 # Note [aligned steps]: the pools that hold a step's values have `rounds` whole steps' worth

@@ -332,8 +332,6 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
 
     for si in b.loop(forms, state, size):
         if looped:
-            if epi is not None:  # Note [balance in loops]
-                epi.balance.restart()
             # A step of fewer tiles (the last M block's, the last columns') moves the pools of
             # its results by less: each step starts them at a whole turn, so that the next
             # steps meet the same tiles (Note [aligned steps]; the results before are read).
@@ -386,6 +384,9 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
                 copied.append((r0, mt, c0, w, ot))
             for r0, mt, c0, w, ot in copied if epi is not None else ():
                 epi.step(bi * m + r0, mt, c0, w, {n.out.id: ot})
+        if looped and epi is not None:  # every iteration starts the epilogue alike:
+            epi.balance.restart()  # its engines' balance afresh (Note [balance in loops]),
+            epi.turn()  # its pools at a whole turn (its steps: one per result tile)
 
 
 def _emit_zero_or_simple(

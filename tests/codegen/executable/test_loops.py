@@ -456,3 +456,21 @@ def test_a_matmul_too_long_to_block_loops_over_its_output_blocks(fresh, both_way
     torch.compile(torch.matmul, backend="neuron", options=opts)(a, b)
     exe = max((e for _, e in both_ways), key=lambda e: len(e.instructions))
     assert sum(len(b.instructions) for b in exe.blocks) < len(exe.instructions) / 4
+
+
+def test_a_matmul_epilogue_of_several_tiles_per_result_loops(fresh, both_ways):
+    """A projection with the residual add and the fp32 square RMSNorm starts with (a Llama
+    layer's o_proj and down_proj): the epilogue takes two tiles of its pools per result tile,
+    7 result tiles per step, so its pools turned by 14 a step against 6 buffers and no step
+    repeated another. Each step now leaves them at a whole turn (RowKernel.turn)."""
+
+    def f(h, x, w):
+        r = h + x @ w.T
+        return r, r.float().pow(2).mean(-1)
+
+    shapes = ((4096, 4096), (4096, 2048), (4096, 2048))
+    args = [torch.empty(s, device="meta", dtype=torch.bfloat16) for s in shapes]
+    opts = {"timing_only": True, "target": "trn2", "disk_cache": False}
+    torch.compile(f, backend="neuron", options=opts)(*args)
+    ((_, exe),) = both_ways
+    assert sum(len(b.instructions) for b in exe.blocks) < len(exe.instructions) / 3
