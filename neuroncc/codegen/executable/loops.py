@@ -153,6 +153,11 @@ class LoopBuilder:
         for p in range(1, min(max_period, len(seen) // 2) + 1):
             if i + p > len(forms) or forms[i] != forms[i - p]:
                 continue
+            # the strides come from the two periods before i: they are the caller's affine
+            # run only where their forms repeat too (a period of 2 across a transpose's row
+            # of blocks took the row's start for a step: offsets out of the buffer)
+            if forms[i - 2 * p : i - p] != forms[i - p : i]:
+                continue
             step = self._period(seen, p, now)
             if step is None:
                 continue

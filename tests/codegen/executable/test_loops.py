@@ -382,6 +382,17 @@ def test_a_transpose_placed_from_its_first_blocks_runs_right(fresh, both_ways):
     assert sum(len(b.instructions) for b in exe.blocks) < len(exe.instructions) / 2
 
 
+def test_a_period_is_taken_only_from_iterations_whose_forms_repeat(fresh, both_ways):
+    """Rows of 8 transpose blocks: a period of 2 whose strides were measured across a row's
+    start (iterations 7, 8 against 9, 10) placed the next blocks' stores before the output's
+    start. Every [8192, 4096] transpose on TensorE did so (the simulator stopped it; timing
+    took the wrong addresses). Run for real here, compact equal to unrolled."""
+    x = torch.randn(1536, 4096, dtype=torch.bfloat16)
+    got = torch.compile(lambda x: x.t().contiguous(), backend="neuron")(x)
+    assert torch.equal(got, x.t())
+    assert any(_pe_transposes(exe) for _, exe in both_ways)
+
+
 def test_wide_row_chunks_loop_equal_their_unrolled_form(fresh, both_ways):
     """Note [wide rows]: chunked row kernels carry their running reductions from step to step
     (the loop's state), a log-softmax over 300 rows of 60000; at 2000 rows (a loop long
