@@ -525,8 +525,14 @@ class ProgramBuilder(LoopBuilder):
         if touch.mem != "hbm":
             return touch.mem, touch.box, engine
         buf = self.buffers[call.args[touch.param]]
-        base = buf.offset + call.offset(touch.param) * buf.dtype.itemsize
-        return "hbm", (0, 1, base + touch.box[2], base + touch.box[3]), engine
+        start = call.offset(touch.param) * buf.dtype.itemsize
+        lo, hi = start + touch.box[2], start + touch.box[3]
+        if lo < 0 or hi > buf.nbytes:  # (a loop placing a call where its strides do not hold)
+            raise CodegenError(
+                f"a call of {call.name} reaches bytes {lo}..{hi} of HBM buffer {buf.name}, "
+                f"which has {buf.nbytes}"
+            )
+        return "hbm", (0, 1, buf.offset + lo, buf.offset + hi), engine
 
     # -- instructions ------------------------------------------------------------------------
     def reserve_queues(self, n: int) -> tuple[str, ...]:

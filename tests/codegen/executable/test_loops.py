@@ -18,7 +18,7 @@ from neuroncc.codegen.executable.builder import ProgramBuilder
 from neuroncc.codegen.executable.program import Executable, ValueLoc
 from neuroncc.codegen.hardware import isa
 from neuroncc.codegen.hardware.targets import TRN2, get_target
-from neuroncc.errors import RaceError
+from neuroncc.errors import CodegenError, RaceError
 from neuroncc.frontend import compile as compile_module
 from neuroncc.ir import GraphBuilder, Op, TensorType, interpret
 from neuroncc.ir.types import DType
@@ -57,6 +57,22 @@ def _scaled(rows: int, tile_rows: int, bufs: int, unrolled: bool) -> Executable:
             b.dma(dst, t)
     loc = [ValueLoc("x", (rows, COLS), F32), ValueLoc("out", (rows, COLS), F32)]
     return b.finish(loc[:1], loc[1:])
+
+
+def test_a_call_placed_outside_its_buffer_is_a_codegen_error():
+    """A caller whose forms promise affine addresses that are not (its fourth tile wraps back
+    to the first): the loop places the fourth a stride on, past the buffer's end, and the
+    builder says so instead of timing a program that writes there."""
+    b = ProgramBuilder(TRN2, "wraps")
+    b.dram("x", (384, COLS), F32, "input")
+    wrapped = pytest.raises(CodegenError, match="reaches bytes 49152..65536 of HBM buffer x")
+    with wrapped, b.kernel("wraps"):
+        pool = b.sbuf_pool(COLS * 4, bufs=1)
+        for i in b.loop([0] * 4):
+            t = pool.tile(128, (COLS,), F32)
+            src = isa.DramRef("x", (0, 128, 256, 0)[i] * COLS, F32, ((COLS, 128), (1, COLS)))
+            b.dma(t, src)
+            b.emit(isa.TensorScalar("dve", op="mul", dst=t, src=t, scalar=2.0))
 
 
 @settings(max_examples=40, deadline=None)
