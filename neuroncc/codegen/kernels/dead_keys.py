@@ -275,7 +275,9 @@ def _reshape(code: np.ndarray, src: tuple[int, ...], dst: tuple[int, ...]) -> np
 
 def _constant(v: Value, producers: dict[int, Node], memo: dict[int, np.ndarray | None]):
     """v's value if it depends on constants only (and no value on the way is larger than
-    MAX_CONSTANT_ELEMENTS), else None."""
+    MAX_CONSTANT_ELEMENTS), else None: an array that broadcasts to v's shape, as small as
+    v's fills and broadcasts leave it (a causal mask broadcast over 32 heads is one head's,
+    as the codes of the abstract interpretation are)."""
     if v.id in memo:
         return memo[v.id]
     memo[v.id] = None
@@ -284,10 +286,17 @@ def _constant(v: Value, producers: dict[int, Node], memo: dict[int, np.ndarray |
         return None
     if node.op.info.kind in (Kind.MATMUL, Kind.INDEX):
         return None
+    if node.op is Op.FULL:
+        memo[v.id] = np.asarray(node.attr("value")).astype(v.type.dtype.numpy)
+        return memo[v.id]
     args = [_constant(x, producers, memo) for x in node.inputs]
     if any(a is None for a in args):
         return None
-    memo[v.id] = evaluate_node(node, args)
+    if node.op is Op.BROADCAST:
+        memo[v.id] = args[0]
+        return memo[v.id]
+    whole = [np.broadcast_to(a, x.type.shape) for a, x in zip(args, node.inputs, strict=True)]
+    memo[v.id] = evaluate_node(node, whole)
     return memo[v.id]
 
 
