@@ -158,7 +158,6 @@ class ProgramBuilder(LoopBuilder):
         self.calls: list[Call] = []
         self._block_index: dict[Block, int] = {}  # an identical kernel's block is shared
         self.buffers: dict[str, Buffer] = {}
-        self._extents: dict[str, tuple[int, int, int]] = {}  # (offset, itemsize, bytes) by name
         self._hbm_top = 0
         self._arena: tuple[int, int] | None = None  # (offset, bytes) of the plan's arena
         self._boundary = DepTracker(self.buffers)  # the kernels' touches: Note [kernel boundaries]
@@ -206,7 +205,6 @@ class ProgramBuilder(LoopBuilder):
             offset = self._in_arena(name, at, math.prod(shape) * dtype.itemsize)
         buf = Buffer(name, kind, offset, dtype, tuple(shape))
         self.buffers[name] = buf
-        self._extents[name] = (offset, dtype.itemsize, buf.nbytes)
         return buf
 
     def arena(self, nbytes: int, detail: str = "") -> None:
@@ -526,16 +524,15 @@ class ProgramBuilder(LoopBuilder):
         engine = turn_queue(touch.engine, call.phase, self._shared_queues)
         if touch.mem != "hbm":
             return touch.mem, touch.box, engine
-        name = call.args[touch.param]
-        offset, itemsize, nbytes = self._extents[name]
-        start = call.offsets[touch.param] * itemsize if call.offsets else 0
+        buf = self.buffers[call.args[touch.param]]
+        start = call.offset(touch.param) * buf.dtype.itemsize
         lo, hi = start + touch.box[2], start + touch.box[3]
-        if lo < 0 or hi > nbytes:  # (a loop placing a call where its strides do not hold)
+        if lo < 0 or hi > buf.nbytes:  # (a loop placing a call where its strides do not hold)
             raise CodegenError(
-                f"a call of {call.name} reaches bytes {lo}..{hi} of HBM buffer {name}, "
-                f"which has {nbytes}"
+                f"a call of {call.name} reaches bytes {lo}..{hi} of HBM buffer {buf.name}, "
+                f"which has {buf.nbytes}"
             )
-        return "hbm", (0, 1, offset + lo, offset + hi), engine
+        return "hbm", (0, 1, buf.offset + lo, buf.offset + hi), engine
 
     # -- instructions ------------------------------------------------------------------------
     def reserve_queues(self, n: int) -> tuple[str, ...]:

@@ -37,8 +37,8 @@ class Buffer:
     dtype: DType
     shape: tuple[int, ...]
 
-    @property
-    def nbytes(self) -> int:
+    @functools.cached_property
+    def nbytes(self) -> int:  # (asked for every HBM touch of every call the builder places)
         n = 1
         for d in self.shape:
             n *= d
