@@ -29,6 +29,22 @@ F32 = DType.F32
 COLS = 32
 
 
+def _built(exe: Executable) -> int:
+    """The instructions exe's blocks hold: what was built, where len(exe.instructions) is the
+    stream its calls unroll to."""
+    return sum(len(b.instructions) for b in exe.blocks)
+
+
+def _timed_on_meta(f, shapes, both_ways) -> Executable:
+    """f compiled and timed for trn2 on bf16 tensors of `shapes` on the meta device: its one
+    executable (emitted both ways)."""
+    args = [torch.empty(s, device="meta", dtype=torch.bfloat16) for s in shapes]
+    opts = {"timing_only": True, "target": "trn2", "disk_cache": False}
+    torch.compile(f, backend="neuron", options=opts)(*args)
+    ((_, exe),) = both_ways
+    return exe
+
+
 @pytest.fixture(autouse=True)
 def short_loops(monkeypatch):
     """Every loop of two iterations or more built an iteration at a time (the compiler waits
@@ -121,13 +137,13 @@ def test_single_op_kernels_loop_over_their_tiles(op, shape, attrs):
     (want,) = interpret(g, inputs)
     np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=1e-3)
     if all(v.type.numel for v in (*g.inputs, *g.outputs)):  # (not the sum over no elements)
-        assert sum(len(blk.instructions) for blk in compact.blocks) < len(compact.instructions) / 3
+        assert _built(compact) < len(compact.instructions) / 3
 
 
 def test_a_long_loop_builds_a_few_iterations_and_stores_one_run():
     exe = _scaled(128 * 64, 128, 2, unrolled=False)
     assert len(exe.calls) == 64 and all(c.more for c in exe.calls[1:])
-    built = sum(len(b.instructions) for b in exe.blocks)
+    built = _built(exe)
     assert built <= 3 * 4 < len(exe.instructions) == 64 * 4
     rows = json.loads(exe.to_json())["calls"]
     assert len(rows) <= 3 and sum(r[7] for r in rows) == 64  # runs: [..., count, step, strides]
@@ -208,7 +224,7 @@ def test_a_big_matmul_builds_a_fraction_of_its_steps(fresh, both_ways):
     opts = {"timing_only": True, "target": "trn2", "disk_cache": False}
     torch.compile(lambda a, w: a @ w.T, backend="neuron", options=opts)(a, w)
     (_, exe), *_ = both_ways
-    built = sum(len(b.instructions) for b in exe.blocks)
+    built = _built(exe)
     assert built < len(exe.instructions) / 3
     assert time_executable(exe, get_target("trn2")).device_ns > 0
     torch._dynamo.reset()
@@ -252,7 +268,7 @@ def test_attention_built_once_per_head_group_runs_right(fresh, both_ways):
     got = torch.compile(f, backend="neuron", options={"disk_cache": False})(q, k, v)
     torch.testing.assert_close(got, f(q, k, v), rtol=2e-4, atol=2e-4)
     exe = max((e for _, e in both_ways), key=lambda e: len(e.instructions))
-    assert sum(len(b.instructions) for b in exe.blocks) < len(exe.instructions) / 2
+    assert _built(exe) < len(exe.instructions) / 2
 
 
 def test_causal_attention_repeats_head_by_head(fresh, both_ways, monkeypatch):
@@ -269,14 +285,14 @@ def test_causal_attention_repeats_head_by_head(fresh, both_ways, monkeypatch):
     got = torch.compile(f, backend="neuron", options={"disk_cache": False})(q, k, v)
     torch.testing.assert_close(got, f(q, k, v), rtol=2e-4, atol=2e-4)
     exe = max((e for _, e in both_ways), key=lambda e: len(e.instructions))
-    assert sum(len(b.instructions) for b in exe.blocks) < len(exe.instructions) / 2
+    assert _built(exe) < len(exe.instructions) / 2
     monkeypatch.setattr(loops, "MIN_LOOP", 128)
     torch._dynamo.reset()
     args = [torch.empty(1, 8, 4096, 128, device="meta", dtype=torch.bfloat16) for _ in range(3)]
     opts = {"timing_only": True, "target": "trn2", "disk_cache": False}
     torch.compile(f, backend="neuron", options=opts)(*args)
     exe = max((e for _, e in both_ways), key=lambda e: len(e.instructions))
-    assert sum(len(b.instructions) for b in exe.blocks) < 0.75 * len(exe.instructions)
+    assert _built(exe) < 0.75 * len(exe.instructions)
 
 
 def _attention_grads(q, k, v, causal: bool, options: dict):
@@ -331,7 +347,7 @@ def test_attention_backward_built_once_per_head_runs_right(fresh, both_ways):
     for g, x in zip(got, (q, k, v), strict=True):
         torch.testing.assert_close(g, x.grad, rtol=2e-4, atol=2e-4)
     exe = next(e for name, e in both_ways if "backward" in name)
-    assert sum(len(b.instructions) for b in exe.blocks) < len(exe.instructions) / 2
+    assert _built(exe) < len(exe.instructions) / 2
 
 
 @settings(
@@ -395,7 +411,7 @@ def test_a_transpose_placed_from_its_first_blocks_runs_right(fresh, both_ways):
     got = torch.compile(lambda x: x.transpose(-1, -2).contiguous(), backend="neuron")(x)
     assert torch.equal(got, x.transpose(-1, -2))
     ((_, exe),) = [(n, e) for n, e in both_ways if _pe_transposes(e)]
-    assert sum(len(b.instructions) for b in exe.blocks) < len(exe.instructions) / 2
+    assert _built(exe) < len(exe.instructions) / 2
 
 
 def test_a_period_is_taken_only_from_iterations_whose_forms_repeat(fresh, both_ways):
@@ -423,7 +439,7 @@ def test_wide_row_chunks_loop_equal_their_unrolled_form(fresh, both_ways):
     x = torch.empty(2000, 60000, device="meta")
     torch.compile(lambda x: torch.log_softmax(x, -1), backend="neuron", options=opts)(x)
     ((_, exe),) = both_ways
-    assert sum(len(b.instructions) for b in exe.blocks) < len(exe.instructions) / 2
+    assert _built(exe) < len(exe.instructions) / 2
 
 
 def test_a_long_matmul_epilogue_loop_is_placed(fresh, both_ways):
@@ -436,7 +452,7 @@ def test_a_long_matmul_epilogue_loop_is_placed(fresh, both_ways):
     )
     f(a, w)
     ((_, exe),) = both_ways
-    assert sum(len(b.instructions) for b in exe.blocks) < len(exe.instructions) / 4
+    assert _built(exe) < len(exe.instructions) / 4
 
 
 def test_a_matmul_of_few_large_steps_loops_them(fresh, both_ways, monkeypatch):
@@ -450,19 +466,15 @@ def test_a_matmul_of_few_large_steps_loops_them(fresh, both_ways, monkeypatch):
     def f(a, w, r):
         return torch.nn.functional.silu(a @ w.T) * r
 
-    shapes = ((2048, 2048), (4096, 2048), (2048, 4096))
-    args = [torch.empty(s, device="meta", dtype=torch.bfloat16) for s in shapes]
-    opts = {"timing_only": True, "target": "trn2", "disk_cache": False}
-    torch.compile(f, backend="neuron", options=opts)(*args)
-    ((_, exe),) = both_ways
-    assert sum(len(b.instructions) for b in exe.blocks) < len(exe.instructions) / 3
+    exe = _timed_on_meta(f, ((2048, 2048), (4096, 2048), (2048, 4096)), both_ways)
+    assert _built(exe) < len(exe.instructions) / 3
     torch._dynamo.reset()
     torch.manual_seed(0)
     args = [torch.randn(s) for s in ((700, 1024), (2048, 1024), (700, 2048))]
     got = torch.compile(f, backend="neuron", options={"disk_cache": False})(*args)
     torch.testing.assert_close(got, f(*args), rtol=1e-4, atol=1e-3)
     _, exe = both_ways[-1]
-    assert sum(len(b.instructions) for b in exe.blocks) < len(exe.instructions)
+    assert _built(exe) < len(exe.instructions)
 
 
 @pytest.mark.parametrize(("batch", "m", "n"), [((), 130, 1100), ((2,), 200, 600)])
@@ -476,13 +488,13 @@ def test_a_matmul_too_long_to_block_loops_over_its_output_blocks(fresh, both_way
     got = torch.compile(torch.matmul, backend="neuron", options={"disk_cache": False})(a, b)
     torch.testing.assert_close(got, a @ b, rtol=1e-4, atol=2e-3)
     exe = max((e for _, e in both_ways), key=lambda e: len(e.instructions))
-    assert sum(len(b.instructions) for b in exe.blocks) < len(exe.instructions) / 4
+    assert _built(exe) < len(exe.instructions) / 4
     torch._dynamo.reset()
     a, b = torch.empty(*batch, 2000, 50000, device="meta"), b.to("meta")
     opts = {"disk_cache": False, "timing_only": True}
     torch.compile(torch.matmul, backend="neuron", options=opts)(a, b)
     exe = max((e for _, e in both_ways), key=lambda e: len(e.instructions))
-    assert sum(len(b.instructions) for b in exe.blocks) < len(exe.instructions) / 4
+    assert _built(exe) < len(exe.instructions) / 4
 
 
 def test_a_matmul_epilogue_of_several_tiles_per_result_loops(fresh, both_ways):
@@ -495,9 +507,5 @@ def test_a_matmul_epilogue_of_several_tiles_per_result_loops(fresh, both_ways):
         r = h + x @ w.T
         return r, r.float().pow(2).mean(-1)
 
-    shapes = ((4096, 4096), (4096, 2048), (4096, 2048))
-    args = [torch.empty(s, device="meta", dtype=torch.bfloat16) for s in shapes]
-    opts = {"timing_only": True, "target": "trn2", "disk_cache": False}
-    torch.compile(f, backend="neuron", options=opts)(*args)
-    ((_, exe),) = both_ways
-    assert sum(len(b.instructions) for b in exe.blocks) < len(exe.instructions) / 3
+    exe = _timed_on_meta(f, ((4096, 4096), (4096, 2048), (4096, 2048)), both_ways)
+    assert _built(exe) < len(exe.instructions) / 3
