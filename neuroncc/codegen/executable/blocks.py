@@ -208,6 +208,25 @@ def _union(a: Box, b: Box) -> Box:
     return (min(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), max(a[3], b[3]))
 
 
+def needed_waits(block: Block, waits: dict[int, dict[str, int]]) -> tuple:
+    """A call's waits (local instruction -> the latest instruction of each other engine it
+    must wait for), less those an earlier instruction on its engine already waits for: the
+    engine runs in order, so they are met (a TensorE instruction starts after the one before
+    it started, which was after the wait)."""
+    waited: dict[str, dict[str, int]] = {}  # local engine -> other engine -> latest waited
+    out = []
+    for j in sorted(waits):
+        done = waited.setdefault(block.instructions[j].engine, {})
+        ids = []
+        for engine, i in waits[j].items():
+            if i > done.get(engine, -1):
+                done[engine] = i
+                ids.append(i)
+        if ids:
+            out.append((j, tuple(sorted(ids))))
+    return tuple(out)
+
+
 def accesses(ins: isa.Instr) -> list[tuple[isa.Operand, bool]]:
     return [(r, False) for r in ins.reads()] + [(w, True) for w in ins.writes()]
 

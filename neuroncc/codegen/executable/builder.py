@@ -33,11 +33,12 @@ from neuroncc.codegen.executable.blocks import (
     Footprint,
     Touch,
     kernel_footprint,
+    needed_waits,
     parametrise,
     turn_queue,
     with_fields,
 )
-from neuroncc.codegen.executable.loops import LoopBuilder
+from neuroncc.codegen.executable.loops import LoopBuilder, _QuietRun
 from neuroncc.codegen.executable.pools import ALIGN, RingPool, TilePool
 from neuroncc.codegen.executable.program import Buffer, Executable, ValueLoc
 from neuroncc.codegen.executable.tracker import Box, DepTracker
@@ -45,26 +46,6 @@ from neuroncc.codegen.hardware import isa
 from neuroncc.codegen.hardware.targets import Target
 from neuroncc.errors import CapacityError, CodegenError
 from neuroncc.ir.types import DType
-
-
-def _needed(block: Block, waits: dict[int, dict[str, int]]) -> tuple:
-    """A call's waits (local instruction -> the latest instruction of each other engine it
-    must wait for), less those an earlier instruction on its engine already waits for: the
-    engine runs in order, so they are met (a TensorE instruction starts after the one before
-    it started, which was after the wait)."""
-    waited: dict[str, dict[str, int]] = {}  # local engine -> other engine -> latest waited
-    out = []
-    for j in sorted(waits):
-        done = waited.setdefault(block.instructions[j].engine, {})
-        ids = []
-        for engine, i in waits[j].items():
-            if i > done.get(engine, -1):
-                done[engine] = i
-                ids.append(i)
-        if ids:
-            out.append((j, tuple(sorted(ids))))
-    return tuple(out)
-
 
 Waits = tuple[tuple[int, tuple[tuple[str, int], ...]], ...]
 
@@ -168,7 +149,8 @@ class ProgramBuilder(LoopBuilder):
         self._kernel_queue = 0  # ... the queues dealt before it
         self._inner = DepTracker(self.buffers)  # ... its calls' last touches
         self._inner_waits: list[Waits] = []  # ... each call's waits on the calls before it
-        self._unrecorded: tuple[int, int, bool] | None = None  # ... a call not in _inner yet
+        self._unrecorded: tuple[int, int, bool, bool] | None = None  # ... a call not in _inner
+        self._pending: list[_QuietRun] = []  # ... quiet runs not in it yet (Note [quiet runs])
         self.footprint: Footprint | None = None  # the last kernel closed's
         self._local: list[isa.Instr] = []  # ... and its instructions so far
         self._tracker = DepTracker(self.buffers)  # ... and their accesses
@@ -302,6 +284,7 @@ class ProgramBuilder(LoopBuilder):
         self._kernel_calls = len(self.calls)
         self._kernel_base, self._kernel_queue = self._emitted, self._queue
         self._inner, self._inner_waits, self._unrecorded = DepTracker(self.buffers), [], None
+        self._pending = []
 
     def _open_segment(self) -> None:
         self._local = []
@@ -371,7 +354,7 @@ class ProgramBuilder(LoopBuilder):
                     for engine, i in cross[entering[e]].items():
                         merged[engine] = max(merged.get(engine, -1), i)
                     e += 1
-                waits = _needed(block, latest)
+                waits = needed_waits(block, latest)
             self.calls[k] = with_fields(call, {"waits": waits})
             at += n
         for touch in footprint.exits:
@@ -379,7 +362,7 @@ class ProgramBuilder(LoopBuilder):
             self._boundary.record_access(base + touch.instr, engine, mem, box, touch.write, base)
 
     def _needed_within(self, index: int, within: Waits) -> tuple:
-        """`_needed` of a call of block `index` whose waits are on its kernel alone, counted
+        """`needed_waits` of a call of block `index` whose waits are on its kernel alone, counted
         from the kernel's first instruction and queue: the same for every kernel that replays
         the call (which waits an engine's order meets does not depend on where the kernel
         starts), so worked out once."""
@@ -387,7 +370,7 @@ class ProgramBuilder(LoopBuilder):
         needed = self._needed_cache.get(key)
         if needed is None:
             block = self.blocks[index]
-            needed = _needed(block, {j: dict(w) for j, w in within})
+            needed = needed_waits(block, {j: dict(w) for j, w in within})
             self._needed_cache[key] = needed
         return needed
 
@@ -468,29 +451,37 @@ class ProgramBuilder(LoopBuilder):
         offsets: tuple[int, ...] = (),
         more: bool = False,
         on_chip: dict[int, dict[str, int]] | None = None,
+        quiet: _QuietRun | None = None,
     ) -> None:
         """A call of block `index` in the open kernel: its waits on the kernel's calls before
         it from its block's footprint (its waits across kernels come when the kernel closes),
         then its last touches are what the kernel's later calls wait for. `on_chip`: its waits
         on chip, known (Note [placed iterations]); its last touches on chip are then left for
-        the caller to record."""
+        the caller to record. `quiet`: the quiet run it is part of, which holds its last
+        touches in HBM (it waits on nothing there: Note [quiet runs])."""
         block = self.blocks[index]
         base = self._emitted
         call = Call(name, index, args, phase, (), offsets if any(offsets) else (), more)
         known = on_chip is not None
         on_chip = on_chip if known else {}
         hbm: dict[int, dict[str, int]] = {}
-        if self._unrecorded is not None:  # (a kernel of one call records none)
-            self._record_exits(*self._unrecorded, hbm=True)
+        if self._unrecorded is not None:
+            self._record_exits(*self._unrecorded)
+        first = len(self.calls) == self._kernel_calls  # (a kernel's first call waits on none)
+        if not (first or (known and quiet)):
             for touch in block.footprint[0]:
-                if known and touch.mem != "hbm":
+                if (known and touch.mem != "hbm") or (quiet and touch.mem == "hbm"):
                     continue
                 mem, box, engine = self._absolute(touch, call)
+                if mem == "hbm" and self._pending:
+                    self._settle(box[2], box[3])
                 latest = (hbm if mem == "hbm" else on_chip).setdefault(touch.instr, {})
                 self._inner.conflicts(mem, box, touch.write, engine, latest)
         self.calls.append(call)
         self._emitted += len(block.instructions)
-        self._unrecorded = (len(self.calls) - 1, base, not known)
+        self._unrecorded = (len(self.calls) - 1, base, not known, quiet is None)
+        if quiet is not None:
+            quiet.calls.append((len(self.calls) - 1, base))
         waits = {j: dict(latest) for j, latest in on_chip.items() if latest}
         for j, latest in hbm.items():
             merged = waits.setdefault(j, {})
@@ -518,6 +509,8 @@ class ProgramBuilder(LoopBuilder):
         for touch in self.blocks[call.block].footprint[1]:
             if on_chip if touch.mem != "hbm" else hbm:
                 mem, box, engine = self._absolute(touch, call)
+                if mem == "hbm" and self._pending:
+                    self._settle(box[2], box[3])
                 self._inner.record_access(base + touch.instr, engine, mem, box, touch.write, base)
 
     def _absolute(self, touch: Touch, call: Call) -> tuple[str, Box, str]:
