@@ -319,9 +319,17 @@ def emit_matmul(ctx: EmitCtx, n: Node, epilogue: Sequence[Node] = ()) -> None:
         bnum = steps[si][0]
         return bnum + 1 < len(blocks) and (si + 1 == len(steps) or steps[si + 1][0] != bnum)
 
+    def opens_matrix(si: int) -> bool:  # B's address jumps to the next matrix's there
+        return si < len(steps) and steps[si][1][1][0][0] == 0
+
     # Note [instruction loops]: a step is fixed by its shape, the next step's (its first B
-    # tile, the next block's A^T) and whether it ends a block.
-    forms = [(shape(si), shape(si + 1), is_last(si)) for si in range(len(steps))]
+    # tile, the next block's A^T), whether it ends a block, and whether it and the next step
+    # open a matrix of a batch: B's addresses are affine in the step only within a matrix
+    # (a period of one block's steps placed across the batch boundary read past B's end).
+    forms = [
+        (shape(si), shape(si + 1), is_last(si), opens_matrix(si), opens_matrix(si + 1))
+        for si in range(len(steps))
+    ]
 
     def state() -> tuple:
         return (

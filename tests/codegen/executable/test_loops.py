@@ -214,6 +214,18 @@ def test_matmul_loops_equal_their_unrolled_form(fresh, both_ways, m, k, n, epilo
     assert both_ways
 
 
+def test_a_batched_matmul_loops_within_each_matrix(fresh, both_ways):
+    """q @ kᵀ over 8 heads of 2048 rows (the suite's attention at opt_level 0): B's address
+    jumps at each head, so a period of one block's steps must not be placed across it (it
+    read past B's end, which the builder's bounds check refused)."""
+    opts = {"timing_only": True, "target": "trn2", "disk_cache": False, "fallback": False}
+    q, k = (torch.empty(1, 8, 2048, 64, device="meta") for _ in range(2))
+    scores = lambda q, k: (q * 0.5) @ (k.transpose(-1, -2) * 0.5)
+    torch.compile(scores, backend="neuron", options={**opts, "opt_level": 0})(q, k)
+    exe = next(exe for _, exe in both_ways if any("matmul" in k.name for k in exe.kernels))
+    assert _built(exe) < len(exe.instructions) / 4
+
+
 def test_a_big_matmul_builds_a_fraction_of_its_steps(fresh, both_ways):
     """4096 x 2048 x 8192 in bf16: most steps are placed, not built, and the simulator's
     numbers (a smaller one, run for real) match PyTorch's."""
