@@ -18,6 +18,7 @@ from neuroncc.codegen.kernels.dead_keys import Memo as KeyFactsMemo
 from neuroncc.codegen.lower import emit_graph
 from neuroncc.frontend.decomp_attention import key_chunk_for
 from neuroncc.ir import parse, print_graph
+from neuroncc.ir.types import DType
 from neuroncc.passes.fuse import Fuse
 from neuroncc.passes.manager import PassContext
 from neuroncc.runtime.stats import STATS
@@ -148,6 +149,28 @@ def test_bf16_attention(fresh):
         atol=2e-2,
     )
     assert any(n.startswith("attention.") for n in names)
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_bf16_scores_multiply_in_bf16_and_give_the_f32_scores(fresh, target):
+    """Note [widened scores]: SDPA's math widens bf16 q, k and v to f32. The kernel reads q
+    and k as bf16 (their casts are not emitted) and multiplies them on TensorE in bf16, which
+    gives the f32 scores exactly: the output is the one of the f32 kernel on the widened
+    inputs, bit for bit. P V stays f32."""
+    q, k, v = _qkv(1, 3, 256, 320, 64, dtype=torch.bfloat16)
+    sdpa = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    opts = {"target": target}
+    with torch.no_grad():
+        names = _compile_and_check(sdpa, [q, k, v], atol=2e-2, **opts)
+        got = torch.compile(sdpa, backend="neuron", options=opts)(q, k, v)
+    assert sum(n.startswith("cast.") for n in names) == 1  # v's; q's and k's are read in place
+    mms = [i for i in _attention_exe().instructions if isinstance(i, isa.Matmul)]
+    products = [i for i in mms if not i.transpose]
+    assert {i.stationary.dtype for i in products} == {DType.BF16, DType.F32}  # Q Kᵀ, P V
+    wide = [x.float() for x in (q, k, v)]
+    with torch.no_grad():
+        want = torch.compile(lambda *a: sdpa(*a).bfloat16(), backend="neuron", options=opts)
+        torch.testing.assert_close(got, want(*wide), atol=0, rtol=0)
 
 
 @settings(max_examples=8)

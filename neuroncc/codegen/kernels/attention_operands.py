@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from neuroncc.codegen.kernels.views import View, strided_view, unread_chain_nodes
-from neuroncc.ir.graph import Graph, Value
+from neuroncc.ir.graph import Graph, Node, Value
+from neuroncc.ir.types import DType
 
 if TYPE_CHECKING:
     from neuroncc.codegen.kernels.attention_planner import AttentionPlan
@@ -29,10 +30,15 @@ def fold_operand_views(
     in_kernels = g.kernel_of()
     chains: set[int] = set()
     for ap in plans:
-        for mm, operand, layout in zip(
-            (ap.scores, ap.scores, ap.out), operands(ap), ("rows", "keys", "rows"), strict=True
+        widened = ap.qk is not None
+        for mm, operand, layout, wide in zip(
+            (ap.scores, ap.scores, ap.out),
+            operands(ap),
+            ("rows", "keys", "rows"),
+            (widened, widened, False),
+            strict=True,
         ):
-            view, chain = strided_view(operand, producers, in_kernels)
+            view, chain = strided_view(operand, producers, in_kernels, wide)
             if chain and load_kind(view, layout) is not None:
                 views[operand.id] = view
                 viewed_by.setdefault(mm.out.id, set()).add(operand.id)
@@ -42,6 +48,18 @@ def fold_operand_views(
         return vid in viewed_by.get(u.out.id, ())
 
     return views, unread_chain_nodes(chains, outputs, users, in_place)
+
+
+def widened_qk(scores: Node, producers: dict[int, Node], in_kernels) -> bool:
+    """Note [widened scores]: whether the scores' q and k are bf16 values that PyTorch's SDPA
+    math widens to f32, read in place. The kernel then loads the bf16 values and multiplies
+    them on TensorE in bf16, which gives the f32 product exactly (a product of two bf16
+    values is exact in f32, and PSUM accumulates in f32), at TensorE's bf16 rate (4x f32's)
+    and with half the bytes loaded; the casts are not emitted. P V stays in f32: P is f32."""
+    views = [strided_view(x, producers, in_kernels, widened=True)[0] for x in scores.inputs]
+    return all(v.base.type.dtype is DType.BF16 for v in views) and all(
+        load_kind(v, layout) is not None for v, layout in zip(views, ("rows", "keys"))
+    )
 
 
 def operands(ap: AttentionPlan) -> tuple[Value, Value, Value]:

@@ -13,6 +13,7 @@ from neuroncc.codegen.hardware import isa
 from neuroncc.codegen.hardware.costs import dma_ns, instr_ns
 from neuroncc.codegen.hardware.targets import Target
 from neuroncc.codegen.kernels import dead_keys
+from neuroncc.codegen.kernels.attention_operands import widened_qk
 from neuroncc.codegen.kernels.emit import P
 from neuroncc.codegen.kernels.emit_fused import GENERATED_BYTES, generated_values
 from neuroncc.codegen.kernels.row_plan import RowPlan, plan, sbuf_bytes
@@ -53,6 +54,13 @@ class AttentionPlan:
     # inputs of the row group made on chip: id -> (base, pstep, fstep) (Note [generated masks])
     generated: tuple[tuple[int, tuple[int, int, int]], ...] = ()
     zero_fill: bool = False  # P is read outside: its dead keys are stored as zeros
+    # Q and K read as bf16 before SDPA widens them to f32 (attention_operands.widened_qk)
+    qk: DType | None = None
+
+    @property
+    def qk_dtype(self) -> DType:
+        """The dtype Q and K are loaded and multiplied in."""
+        return self.qk or self.scores.inputs[0].type.dtype
 
     @property
     def chunks(self) -> int:
@@ -70,11 +78,11 @@ class AttentionPlan:
 
 
 def attention_plan(
-    nodes: Sequence[Node], users: dict, outputs: set[int], t: Target
+    nodes: Sequence[Node], users: dict, outputs: set[int], t: Target, qk: DType | None = None
 ) -> AttentionPlan | None:
     """The plan of `nodes` = [matmul, reshapes and row ops, matmul] as one attention kernel,
     or None. `users` and `outputs` are the graph's: only P (and what the row group makes) may
-    be read outside the kernel, never the scores."""
+    be read outside the kernel, never the scores. `qk`: the plan's."""
     if len(nodes) < 3 or nodes[0].op is not Op.MATMUL or nodes[-1].op is not Op.MATMUL:
         return None
     mm1, mm2, middle = nodes[0], nodes[-1], nodes[1:-1]
@@ -129,7 +137,7 @@ def attention_plan(
     ids = (frozenset(s_ids), frozenset(given), p_id, frozenset(p_chain))
     evac_op = (evac[0].op.value, evac[1]) if evac else None
     base = AttentionPlan(
-        mm1, mm2, rows, rp, *ids, math.prod(batch), m, d, n, dv, evac=evac_op, elided=elided
+        mm1, mm2, rows, rp, *ids, math.prod(batch), m, d, n, dv, evac=evac_op, elided=elided, qk=qk
     )
     # Two blocks per step where they fit, so their row groups interleave; heads in pairs
     # where their scores fit TensorE's row tiles (Note [head pairs]).
@@ -199,7 +207,7 @@ def psum_banks(ap: AttentionPlan, t: Target) -> tuple[int, int] | None:
     once: their copies to SBUF are issued after all of the step's matmuls. Scores of two
     steps where that leaves a bank per four transposes of one step's P."""
     free = t.psum_partition_bytes // t.psum_bank_bytes - 1
-    free -= ap.scores.inputs[0].type.dtype != ap.out.inputs[0].type.dtype
+    free -= ap.qk_dtype != ap.out.inputs[0].type.dtype
     need = ap.unit * ap.chunks
     if need > free - 1:
         return None
@@ -212,7 +220,7 @@ def kernel_bytes(ap: AttentionPlan) -> int:
     """SBUF per partition beside the row group's (emit_attention's pools): Kᵀ and V of the
     heads in flight, Q and Qᵀ blocks, score rows, two steps' Pᵀ tiles, output tiles and the
     transposes' identities."""
-    qd = ap.scores.inputs[0].type.dtype.itemsize
+    qd = ap.qk_dtype.itemsize
     sd = ap.scores.out.type.dtype.itemsize
     pd = ap.out.inputs[0].type.dtype.itemsize
     od = ap.out.out.type.dtype.itemsize
@@ -263,7 +271,7 @@ def loads_ahead(ap: AttentionPlan, t: Target) -> int:
     instead of finishing the P V of earlier steps, whose stores the DMAs are waiting for.
     (Measured: at 128 keys the loads take 2.8 times the TensorE work and two steps win; at
     512, 1.3 times, and three win by 13%.)"""
-    qd, pd = ap.scores.inputs[0].type.dtype, ap.out.inputs[0].type.dtype
+    qd, pd = ap.qk_dtype, ap.out.inputs[0].type.dtype
     od = ap.out.out.type.dtype
 
     def moved(rows: int, cols: int, dt: DType) -> float:
@@ -372,9 +380,15 @@ def attention_plans(g: Graph, t: Target) -> dict[int, AttentionPlan | None]:
     """For each fused kernel of g from a matmul to a matmul (what the fuse pass forms for
     attention): its first node's id -> its plan, or None where attention_plan rejects it."""
     users, outputs = g.users(), {v.id for v in g.outputs}
-    return {
-        group[0].out.id: attention_plan(group, users, outputs, t)
-        for group in g.kernel_groups()
-        if group[0].op is Op.MATMUL is group[-1].op
-        and sum(x.op is Op.MATMUL for x in group) == 2  # (4: attention_backward.py)
-    }
+    producers, in_kernels = g.producers(), g.kernel_of()
+    plans = {}
+    for group in g.kernel_groups():
+        if group[0].op is not Op.MATMUL or group[-1].op is not Op.MATMUL:
+            continue
+        if sum(x.op is Op.MATMUL for x in group) != 2:  # (4: attention_backward.py)
+            continue
+        ap = None
+        if widened_qk(group[0], producers, in_kernels):  # (a plan that fits in f32 may not)
+            ap = attention_plan(group, users, outputs, t, DType.BF16)
+        plans[group[0].out.id] = ap or attention_plan(group, users, outputs, t)
+    return plans

@@ -56,18 +56,25 @@ from neuroncc.codegen.kernels.emit import EmitCtx, P, rect
 from neuroncc.codegen.kernels.emit_fused import RowKernel
 from neuroncc.codegen.kernels.pe_transpose import PeTransposer
 from neuroncc.codegen.kernels.views import View
+from neuroncc.errors import CodegenError
 from neuroncc.ir.types import DType
 
 
 def emit_attention(ctx: EmitCtx, ap: AttentionPlan) -> None:
     b, t = ctx.b, ctx.target
     q = ap.scores.inputs[0]
-    qdt, sdt = q.type.dtype, ap.scores.out.type.dtype
+    sdt = ap.scores.out.type.dtype
     pdt, odt = ap.out.inputs[0].type.dtype, ap.out.out.type.dtype
     m, d, n, dv = ap.m, ap.d, ap.n, ap.dv
     nf = t.pe_moving_fmax
     out = ctx.alloc(ap.out.out)
     qv, kv, vv = (ctx.views.get(x.id) or View.of(x) for x in operands(ap))
+    qdt = ap.qk_dtype  # (bf16 where q and k are read before SDPA widens them)
+    if {qv.base.type.dtype, kv.base.type.dtype} != {qdt}:
+        raise CodegenError(
+            f"attention multiplies q and k in {qdt}, and reads them as"
+            f" {qv.base.type.dtype} and {kv.base.type.dtype}"
+        )
     # Qᵀ already in HBM (a transpose folded into its matmul readers): load it as it is
     folded = ctx.transposed_view.get(q.id) if q.id not in ctx.views else None
     inside = frozenset({ap.scores.out.id, ap.out.out.id, *ap.s_ids, *ap.p_chain, *ap.elided})

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from neuroncc.ir.graph import Graph, Node, Value
 from neuroncc.ir.ops import Op
-from neuroncc.ir.types import contiguous_strides
+from neuroncc.ir.types import DType, contiguous_strides
 
 VIEW_OPS = (Op.RESHAPE, Op.TRANSPOSE, Op.SLICE)
 
@@ -57,20 +57,32 @@ class View:
 
 
 def strided_view(
-    v: Value, producers: dict[int, Node], opaque: Container[int] = ()
+    v: Value, producers: dict[int, Node], opaque: Container[int] = (), widened: bool = False
 ) -> tuple[View, list[int]]:
     """v as a view of the first value up its producer chain that is not a reshape, transpose
     or slice (or where a reshape cannot be expressed with strides, or in `opaque`: made
     inside a fused kernel, which decides what it stores), and the ids of the values walked
-    through, v first."""
+    through, v first. With `widened`, also through casts of bf16 to f32: the view's base is
+    then bf16, each of its elements exactly the f32 value v holds."""
     node = producers.get(v.id)
-    if node is None or node.op not in VIEW_OPS or v.type.numel == 0 or v.id in opaque:
+    if node is None or v.type.numel == 0 or v.id in opaque:
         return View.of(v), []
-    inner, walked = strided_view(node.inputs[0], producers, opaque)
+    if widened and _widens_bf16(node):
+        inner, walked = strided_view(node.inputs[0], producers, opaque, widened)
+        return inner, [v.id, *walked]
+    if node.op not in VIEW_OPS:
+        return View.of(v), []
+    inner, walked = strided_view(node.inputs[0], producers, opaque, widened)
     view = _apply(node, inner)
     if view is None:
         return View.of(v), []
     return view, [v.id, *walked]
+
+
+def _widens_bf16(n: Node) -> bool:
+    return (
+        n.op is Op.CAST and n.inputs[0].type.dtype is DType.BF16 and n.out.type.dtype is DType.F32
+    )
 
 
 def _apply(n: Node, x: View) -> View | None:
