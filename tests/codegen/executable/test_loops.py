@@ -226,6 +226,29 @@ def test_a_batched_matmul_loops_within_each_matrix(fresh, both_ways):
     assert _built(exe) < len(exe.instructions) / 4
 
 
+@settings(
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    batch=st.integers(2, 4),
+    m=st.sampled_from([130, 640, 1024]),
+    k=st.sampled_from([64, 384]),
+    n=st.sampled_from([96, 700, 1536]),
+    bf16=st.booleans(),
+    target=st.sampled_from(["trn1", "trn2"]),
+)
+def test_batched_matmul_loops_equal_their_unrolled_form(
+    fresh, both_ways, batch, m, k, n, bf16, target
+):
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    opts = {"timing_only": True, "target": target, "disk_cache": False, "fallback": False}
+    a = torch.empty(batch, m, k, dtype=dtype, device="meta")
+    b = torch.empty(batch, k, n, dtype=dtype, device="meta")
+    torch._dynamo.reset()
+    torch.compile(torch.bmm, backend="neuron", options=opts)(a, b)
+    assert both_ways
+
+
 def test_a_big_matmul_builds_a_fraction_of_its_steps(fresh, both_ways):
     """4096 x 2048 x 8192 in bf16: most steps are placed, not built, and the simulator's
     numbers (a smaller one, run for real) match PyTorch's."""
