@@ -22,6 +22,7 @@ from typing import ClassVar
 from neuroncc.codegen.kernels.attention_backward import match
 from neuroncc.codegen.kernels.attention_planner import attention_plan
 from neuroncc.codegen.kernels.row_plan import REDUCE_OPS, epilogue_plan, fusible, plan, uses_result
+from neuroncc.codegen.kernels.views import VIEW_OPS, widens_bf16
 from neuroncc.ir.graph import Graph, Node
 from neuroncc.ir.ops import Op
 from neuroncc.passes.manager import PassContext, register_pass
@@ -39,6 +40,8 @@ class Fuse:
         # forward attention (Note [P recomputed])
         nodes, backward = _attention_backward_groups(list(g.nodes), g, ctx)
         nodes, attention = _attention_groups(nodes, users, outputs, ctx, backward)
+        forward = {ids[0] for ids in attention.values() if ids[0] not in backward}
+        widening = _widening_casts(g, forward, users)
         attention |= backward
         nodes = _epilogues_together(nodes, attention)
         kernels: list[tuple[int, ...]] = []
@@ -58,7 +61,7 @@ class Fuse:
                 kernels.append(tuple(n.out.id for n in run))
 
         def extends(n: Node) -> bool:
-            if not run or not fusible(n):
+            if not run or not fusible(n) or n.out.id in widening:
                 return False
             if run[0].op is Op.MATMUL:
                 return epilogue_plan(run[0], [*run[1:], n], ctx.target) is not None
@@ -76,12 +79,36 @@ class Fuse:
                 continue
             close()
             starts = n.op is Op.MATMUL or (fusible(n) and plan([n], ctx.target) is not None)
+            starts = starts and n.out.id not in widening
             run = [n] if starts else []
         close()
         return replace(g, nodes=tuple(nodes), kernels=tuple(kernels))
 
 
 _IN_PLACE_OPS = (Op.RESHAPE, Op.BROADCAST, Op.TRANSPOSE, Op.FULL, Op.IOTA)
+
+
+def _widening_casts(g: Graph, scores: set[int], users: dict) -> set[int]:
+    """The casts of bf16 to f32 that only widen an attention kernel's q or k on their way
+    to it (through reshapes, transposes and slices): they stay out of row kernels, so that
+    the attention kernel reads the bf16 value before them and multiplies it in bf16 (Note
+    [widened scores] in attention_operands.py). Fused with the rotary embedding before it,
+    the cast was inside a kernel, which stored q and k in f32."""
+    producers, out = g.producers(), set()
+
+    def cast_before(x) -> int | None:
+        node = producers.get(x.id)
+        while node is not None and node.op in VIEW_OPS and len(users[node.out.id]) == 1:
+            node = producers.get(node.inputs[0].id)
+        if node is not None and widens_bf16(node) and len(users[node.out.id]) == 1:
+            return node.out.id
+        return None
+
+    for sid in scores:
+        casts = [cast_before(x) for x in producers[sid].inputs]
+        if None not in casts:  # (both or neither: one alone is a cast kernel more)
+            out.update(casts)
+    return out
 
 
 def _epilogues_together(nodes: list[Node], grouped: dict) -> list[Node]:

@@ -10,7 +10,8 @@ one arena, and values whose lifetimes do not overlap share bytes:
   after schedule, once the order is final;
 - a value lives from the kernel that makes it to the last kernel that reads it or reads a view
   of it: reshapes, transposes and slices may be read in place by their users (a folded
-  transpose, the attention kernel's strided operands), so their readers count as the value's;
+  transpose, the attention kernel's strided operands), and so may a cast of bf16 to f32
+  (Note [widened scores]), so their readers count as the value's;
   a value that a graph output views lives to the end;
 - lifetimes are closed intervals: a kernel's inputs and outputs never share bytes, since it
   may still read one while it writes the other;
@@ -31,7 +32,12 @@ from typing import ClassVar
 
 from neuroncc.codegen.executable.builder import ALIGN
 from neuroncc.codegen.executable.intervals import IntervalIndex
-from neuroncc.codegen.kernels.views import VIEW_OPS, cols_read_in_place, rows_read_in_place
+from neuroncc.codegen.kernels.views import (
+    VIEW_OPS,
+    cols_read_in_place,
+    rows_read_in_place,
+    widens_bf16,
+)
 from neuroncc.ir.graph import Graph, with_choices
 from neuroncc.ir.ops import Op
 from neuroncc.passes.manager import PassContext, register_pass
@@ -79,7 +85,7 @@ def value_lifetimes(g: Graph) -> dict[int, tuple[int, int]]:
         last[vid] = max(
             [end if vid in outputs else position[vid]]
             + [position[u.out.id] for u in readers]
-            + [last[u.out.id] for u in readers if u.op in VIEW_OPS]
+            + [last[u.out.id] for u in readers if u.op in VIEW_OPS or widens_bf16(u)]
         )
     stored = {}
     # slices of W's rows, or of Wᵀ's columns, that the matmuls read where they are

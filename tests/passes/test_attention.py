@@ -151,14 +151,16 @@ def test_bf16_attention(fresh):
     assert any(n.startswith("attention.") for n in names)
 
 
-@pytest.mark.parametrize("target", ["trn1", "trn2"])
-def test_bf16_scores_multiply_in_bf16_and_give_the_f32_scores(fresh, target):
+@pytest.mark.parametrize(("target", "prologue"), [("trn1", False), ("trn2", False), ("trn2", True)])
+def test_bf16_scores_multiply_in_bf16_and_give_the_f32_scores(fresh, target, prologue):
     """Note [widened scores]: SDPA's math widens bf16 q, k and v to f32. The kernel reads q
     and k as bf16 (their casts are not emitted) and multiplies them on TensorE in bf16, which
     gives the f32 scores exactly: the output is the one of the f32 kernel on the widened
-    inputs, bit for bit. P V stays f32."""
+    inputs, bit for bit. P V stays f32. With a row kernel making q and k (a rotary embedding's
+    place; here -2x, exact in bf16), the casts stay out of it, so that it stores bf16."""
     q, k, v = _qkv(1, 3, 256, 320, 64, dtype=torch.bfloat16)
-    sdpa = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    pro = (lambda x: -(x * 2)) if prologue else (lambda x: x)
+    sdpa = lambda q, k, v: F.scaled_dot_product_attention(pro(q), pro(k), v, is_causal=True)
     opts = {"target": target}
     with torch.no_grad():
         names = _compile_and_check(sdpa, [q, k, v], atol=2e-2, **opts)
@@ -167,9 +169,10 @@ def test_bf16_scores_multiply_in_bf16_and_give_the_f32_scores(fresh, target):
     mms = [i for i in _attention_exe().instructions if isinstance(i, isa.Matmul)]
     products = [i for i in mms if not i.transpose]
     assert {i.stationary.dtype for i in products} == {DType.BF16, DType.F32}  # Q Kᵀ, P V
-    wide = [x.float() for x in (q, k, v)]
+    wide = [pro(q).float(), pro(k).float(), v.float()]
+    plain = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True).bfloat16()
     with torch.no_grad():
-        want = torch.compile(lambda *a: sdpa(*a).bfloat16(), backend="neuron", options=opts)
+        want = torch.compile(plain, backend="neuron", options=opts)
         torch.testing.assert_close(got, want(*wide), atol=0, rtol=0)
 
 

@@ -67,7 +67,7 @@ def strided_view(
     node = producers.get(v.id)
     if node is None or v.type.numel == 0 or v.id in opaque:
         return View.of(v), []
-    if widened and _widens_bf16(node):
+    if widened and widens_bf16(node):
         inner, walked = strided_view(node.inputs[0], producers, opaque, widened)
         return inner, [v.id, *walked]
     if node.op not in VIEW_OPS:
@@ -79,7 +79,7 @@ def strided_view(
     return view, [v.id, *walked]
 
 
-def _widens_bf16(n: Node) -> bool:
+def widens_bf16(n: Node) -> bool:
     return (
         n.op is Op.CAST and n.inputs[0].type.dtype is DType.BF16 and n.out.type.dtype is DType.F32
     )
