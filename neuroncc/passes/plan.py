@@ -11,7 +11,8 @@ one arena, and values whose lifetimes do not overlap share bytes:
 - a value lives from the kernel that makes it to the last kernel that reads it or reads a view
   of it: reshapes, transposes and slices may be read in place by their users (a folded
   transpose, the attention kernel's strided operands), and so may a cast of bf16 to f32
-  (Note [widened scores]), so their readers count as the value's;
+  (Note [widened scores]), so their readers count as the value's (a cast's output saved as
+  a graph output is its own: the bf16 value lives to its last reader, not to the end);
   a value that a graph output views lives to the end;
 - lifetimes are closed intervals: a kernel's inputs and outputs never share bytes, since it
   may still read one while it writes the other;
@@ -78,14 +79,19 @@ def value_lifetimes(g: Graph) -> dict[int, tuple[int, int]]:
         previous = k
         position[n.out.id] = unit
     end = unit + 1
+    reads: dict[int, int] = {}  # the last kernel that reads the value, through views too
     last: dict[int, int] = {}
     for n in reversed(g.nodes):
         vid = n.out.id
         readers = users[vid]
-        last[vid] = max(
-            [end if vid in outputs else position[vid]]
+        reads[vid] = max(
+            [position[vid]]
             + [position[u.out.id] for u in readers]
-            + [last[u.out.id] for u in readers if u.op in VIEW_OPS or widens_bf16(u)]
+            + [reads[u.out.id] for u in readers if u.op in VIEW_OPS or widens_bf16(u)]
+        )
+        last[vid] = max(
+            [reads[vid], end if vid in outputs else -1]
+            + [last[u.out.id] for u in readers if u.op in VIEW_OPS]  # (an output's views)
         )
     stored = {}
     # slices of W's rows, or of Wᵀ's columns, that the matmuls read where they are

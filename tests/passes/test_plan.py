@@ -57,6 +57,23 @@ def test_plan_golden_and_exact():
         np.testing.assert_allclose(a, b, rtol=1e-6)
 
 
+WIDENED = """graph @main(%0: bf16[64,64]) {
+  %1 = neg %0 : bf16[64,64]
+  %2 = cast %1 {dtype=f32} : f32[64,64]
+  %3 = exp %2 : f32[64,64]
+  %4 = neg %3 : f32[64,64]
+  return %4, %2
+}
+"""
+
+
+def test_a_value_lives_for_the_readers_of_its_widening_cast():
+    """Attention reads bf16 q and k through the cast SDPA widens them with (Note [widened
+    scores]): %1 lives to the last reader of its cast %2 (the exp), not only to the cast;
+    %2 being saved as an output keeps %2 to the end, not %1."""
+    assert value_lifetimes(parse(WIDENED))[1] == (0, 2)
+
+
 def _deep_mlp(layers: int, rows: int = 256, dim: int = 256) -> str:
     lines = [f"graph @main(%0: f32[{rows},{dim}], %1: f32[{dim},{dim}]) {{"]
     x = 0
