@@ -270,6 +270,16 @@ class ProgramBuilder(LoopBuilder):
             self._down = not self._down
         self._close_kernel()
 
+    def next_kernel(self) -> None:
+        """Close the open kernel and open another of its name, on the tiles allocated so far:
+        what is emitted next waits on what came before through the kernel boundary (Note
+        [kernel boundaries]). A kernel split so is not a template (kernels/reuse.py)."""
+        name = self._open
+        if name is None:
+            raise CodegenError("next_kernel: no kernel is open")
+        self._close_kernel()
+        self._open_kernel(name)
+
     def _open_kernel(self, name: str) -> None:
         self._open = name
         self._start_kernel()

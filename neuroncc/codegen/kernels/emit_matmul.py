@@ -427,6 +427,11 @@ def _emit_zero_or_simple(
         shape = (*batch, m, k)
         transpose_blocks(ctx, View(a_v, 0, shape, contiguous_strides(shape)), a_t.name, dt)
         a_buf, a_is_transposed = a_t.name, True
+        # The matmul a kernel of its own: its loads of Aᵀ wait on the transposes' stores
+        # through the kernel boundary (a lookup per queue), where inside one kernel each
+        # load's bounding span met ~100 of them (the LM head's input gradient: 11.9 s of
+        # emission, its loop's runs never quiet: Note [quiet runs])
+        b.next_kernel()
     a_pool = b.sbuf_pool(mt_max * dt.itemsize, bufs=2)
     b_pool = b.sbuf_pool(nt_max * dt.itemsize, bufs=2)
     o_pool = b.sbuf_pool(nt_max * odt.itemsize, bufs=2)

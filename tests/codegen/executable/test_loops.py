@@ -517,13 +517,16 @@ def test_a_matmul_too_long_to_block_loops_over_its_output_blocks(fresh, both_way
     """K too long to keep Aᵀ on chip (50000 fp32): the plain tiled schedule
     (emit_matmul._emit_zero_or_simple) goes by output block and group of K tiles as a loop,
     runs right with the groups between a block's first and last placed, not built, and at
-    2000 rows (on meta) places most of its steps."""
+    2000 rows (on meta) places most of its steps. Aᵀ is made by TensorE transposes into HBM
+    first, a kernel of its own, which the matmul waits on through the kernel boundary."""
     torch.manual_seed(0)
     a, b = torch.randn(*batch, m, 50000), torch.randn(*batch, 50000, n)
     got = torch.compile(torch.matmul, backend="neuron", options={"disk_cache": False})(a, b)
     torch.testing.assert_close(got, a @ b, rtol=1e-4, atol=2e-3)
     exe = max((e for _, e in both_ways), key=lambda e: len(e.instructions))
     assert _built(exe) < len(exe.instructions) / 4
+    transposes, product = exe.kernels
+    assert transposes.name == product.name
     torch._dynamo.reset()
     a, b = torch.empty(*batch, 2000, 50000, device="meta"), b.to("meta")
     opts = {"disk_cache": False, "timing_only": True}
