@@ -23,6 +23,17 @@ def test_bench_quick_rows_are_consistent(fresh):
     bench.print_table(rows)
 
 
+@pytest.mark.parametrize("level", [0, 2])
+def test_every_bench_workload_compiles_at_full_size(fresh, level):
+    """Each of the suite's workloads at its own size, timed (not simulated), at both opt
+    levels, with no compiler error: the builder's bounds check found a wrong-code loop in
+    attention_2048 at opt_level 0 that no smaller test reached."""
+    for w in bench.WORKLOADS:
+        stats = bench._neuroncc(w, quick=False, level=level, timing_only=True)[0]
+        assert stats["compiler_errors"] == {}, w.name
+        assert stats["fallback_nodes"] == {}, w.name
+
+
 def test_opt_levels_agree_on_a_training_step(fresh):
     torch.manual_seed(0)
     cfg = GPTConfig(seq=16, dim=32, layers=2)
