@@ -22,7 +22,7 @@ from typing import ClassVar
 from neuroncc.codegen.kernels.attention_backward import match
 from neuroncc.codegen.kernels.attention_planner import attention_plan
 from neuroncc.codegen.kernels.row_plan import REDUCE_OPS, epilogue_plan, fusible, plan, uses_result
-from neuroncc.codegen.kernels.views import VIEW_OPS, widens_bf16
+from neuroncc.codegen.kernels.views import strided_view, widens_bf16
 from neuroncc.ir.graph import Graph, Node
 from neuroncc.ir.ops import Op
 from neuroncc.passes.manager import PassContext, register_pass
@@ -97,11 +97,13 @@ def _widening_casts(g: Graph, scores: set[int], users: dict) -> set[int]:
     producers, out = g.producers(), set()
 
     def cast_before(x) -> int | None:
-        node = producers.get(x.id)
-        while node is not None and node.op in VIEW_OPS and len(users[node.out.id]) == 1:
-            node = producers.get(node.inputs[0].id)
-        if node is not None and widens_bf16(node) and len(users[node.out.id]) == 1:
-            return node.out.id
+        # on the walk the attention kernel reads x by, each value read by the next alone
+        chain = strided_view(x, producers, widened=True)[1]
+        for vid in chain:
+            if len(users[vid]) != 1:
+                return None
+            if widens_bf16(producers[vid]):
+                return vid
         return None
 
     for sid in scores:
