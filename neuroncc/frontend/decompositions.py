@@ -16,6 +16,7 @@ from torch._decomp import decomposition_table as decomposition_table_torch
 from neuroncc.frontend import fx_import  # noqa: F401  (fills LOWERINGS)
 from neuroncc.frontend.decomp_attention import ATTENTION_DECOMPOSITIONS
 from neuroncc.frontend.decomp_conv import convolution_backward, convolution_transposed
+from neuroncc.frontend.decomp_linalg import LINALG_DECOMPOSITIONS
 from neuroncc.frontend.decomp_optim import OPTIMIZER_DECOMPOSITIONS
 from neuroncc.frontend.decomp_special import SPECIAL_DECOMPOSITIONS
 from neuroncc.frontend.decomp_transformer import TRANSFORMER_DECOMPOSITIONS
@@ -347,6 +348,7 @@ def decomposition_table() -> dict:
     table.update(SPECIAL_DECOMPOSITIONS)
     table.update(TRANSFORMER_DECOMPOSITIONS)
     table.update(OPTIMIZER_DECOMPOSITIONS)
+    table.update(LINALG_DECOMPOSITIONS)
     return table
 
 
