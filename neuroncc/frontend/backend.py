@@ -47,7 +47,7 @@ from neuroncc.frontend.decomp_grouped_mm import add_library_ops
 from neuroncc.frontend.decomp_loss import GRADIENT_CALLS
 from neuroncc.frontend.decompositions import DECOMPOSITIONS
 from neuroncc.frontend.dump import dump_graph, write_run_summary_at_exit
-from neuroncc.frontend.fx_import import ImportedGraph, import_fx
+from neuroncc.frontend.fx_import import ConstantOutput, ImportedGraph, import_fx
 from neuroncc.frontend.fx_serde import STATIC_MARK
 from neuroncc.frontend.partition import find_declined, report_fallback, split_graph
 from neuroncc.frontend.weight_layout import LaidOut, take_transposed, transpose_graph
@@ -74,7 +74,7 @@ class GraphRunner:
         self,
         compiled: CompiledExecutable,
         sources: list,
-        slots: list[int | None],
+        slots: list[int | None | ConstantOutput],
         gm: torch.fx.GraphModule,
         failed: Callable[[NeuronccInternalError], bool],
         timing_only: bool = False,
@@ -103,7 +103,7 @@ class GraphRunner:
         except Exception as e:  # noqa: BLE001  (any simulator failure is an internal error)
             self.eager = self.failed(internal_error(e, stage="simulate"))  # or raises
             return _as_list(self.gm(*args))
-        return [None if s is None else outs[s] for s in self.slots]
+        return [_output(s, outs) for s in self.slots]
 
     @staticmethod
     def _bind(kind: str, source: Any, args: Sequence[Any]) -> Any:
@@ -114,6 +114,12 @@ class GraphRunner:
         if kind == "layout":
             return source(args)  # a LaidOut weight
         return source  # a constant tensor of the graph module
+
+
+def _output(slot: int | None | ConstantOutput, outs: list[torch.Tensor]) -> Any:
+    if slot is None or isinstance(slot, ConstantOutput):
+        return None if slot is None else slot.value
+    return outs[slot]
 
 
 class RegionModule(torch.nn.Module):

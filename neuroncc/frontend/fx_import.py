@@ -45,8 +45,16 @@ class ImportedGraph:
     # argument passed as fp32, or ("const", tensor). Integer arguments are specialised (the
     # graph is compiled per concrete value) and are not inputs.
     input_sources: list[tuple[str, Any]]
-    # Per FX output: index into graph.outputs, or None where the FX graph returns None.
-    output_slots: list[int | None]
+    # Per FX output: index into graph.outputs, None where the FX graph returns None, or the
+    # Python number it returns (a size, fixed for this specialisation).
+    output_slots: list[int | None | ConstantOutput]
+
+
+@dataclass(frozen=True)
+class ConstantOutput:
+    """A graph output that is a number, not a tensor: returned as it is, never computed."""
+
+    value: int | float | bool
 
 
 def _map_args(x: Any, env: dict[torch.fx.Node, Any]) -> Any:
@@ -95,7 +103,7 @@ def import_fx(gm: torch.fx.GraphModule, name: str = "main") -> ImportedGraph:
     env: dict[torch.fx.Node, Any] = {}
     sources: list[tuple[str, Any]] = []
     outputs: list[Value] = []
-    slots: list[int | None] = []
+    slots: list[int | None | ConstantOutput] = []
     arg_index = 0
     for node in gm.graph.nodes:
         if node.op == "placeholder":
@@ -128,6 +136,10 @@ def import_fx(gm: torch.fx.GraphModule, name: str = "main") -> ImportedGraph:
             for out in results if isinstance(results, (list, tuple)) else [results]:
                 if out is None:
                     slots.append(None)
+                    continue
+                number = env.get(out) if isinstance(out, torch.fx.Node) else out
+                if isinstance(number, (int, float, bool)):
+                    slots.append(ConstantOutput(number))
                     continue
                 if not isinstance(out, torch.fx.Node) or not isinstance(env.get(out), Value):
                     raise UnsupportedError(f"graph output {out!r} is not a tensor")

@@ -7,7 +7,12 @@ import pytest
 import torch
 
 import neuroncc
-from tests.e2e.test_hf import SMALL, assert_training_step_matches_eager, neuron_compile_config
+from tests.e2e.test_hf import (
+    SMALL,
+    assert_generate_with_own_cache_matches_eager,
+    assert_training_step_matches_eager,
+    neuron_compile_config,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -64,3 +69,11 @@ def test_deepseek_v2_generates_eagers_tokens(fresh):
     assert got.tolist() == want.tolist()
     s = neuroncc.stats()
     assert s["compiles"] >= 1 and s["executions"] >= 4 and s["fallback_nodes"] == {}, s
+
+
+@pytest.mark.filterwarnings("ignore:neuroncc. a mixture-of-experts")
+def test_llama4_generates_eagers_tokens(fresh):
+    """With its own cache (transformers does not compile its chunked-attention static cache):
+    the decode steps' graphs return sizes as numbers, which compile (ConstantOutput)."""
+    ids = torch.randint(1, 256, (1, 6), generator=torch.Generator().manual_seed(1))
+    assert_generate_with_own_cache_matches_eager(_model("llama4_text").eval(), ids)

@@ -64,6 +64,24 @@ def assert_training_step_matches_eager(model, ids, got):
     assert neuroncc.stats()["fallback_nodes"] == {}
 
 
+def assert_generate_with_own_cache_matches_eager(model, ids, new_tokens: int = 5):
+    """Greedy decoding with the model's own cache (state-space and hybrid models keep
+    recurrent state, which transformers' static cache does not hold, and `generate` compiles
+    only with a static cache): its forward compiled, prefill and every decode step through
+    neuroncc, the tokens eager's, nothing run eagerly."""
+    kw = {"max_new_tokens": new_tokens, "do_sample": False}
+    want = model.generate(ids, **kw)
+    eager_forward = model.forward
+    model.forward = torch.compile(eager_forward, backend="neuron", options={"fallback": False})
+    try:
+        got = model.generate(ids, **kw)
+    finally:
+        model.forward = eager_forward
+    assert got.tolist() == want.tolist()
+    s = neuroncc.stats()
+    assert s["executions"] >= new_tokens and s["fallback_nodes"] == {}, s
+
+
 def neuron_compile_config():
     """The supported way to make `generate` compile on a CPU host (transformers 5.24 compiles
     by itself only on cuda/xpu/neuron/tpu devices): an explicit CompileConfig with

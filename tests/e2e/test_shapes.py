@@ -62,3 +62,19 @@ def test_training_with_changing_lengths(fresh):
         for p, w in zip(model.parameters(), want, strict=True):
             torch.testing.assert_close(p.grad, w, rtol=1e-4, atol=1e-5)
     assert neuroncc.stats()["compiles"] == 4  # forward + backward for each of two lengths
+
+
+def test_a_graph_returning_a_size_compiles(fresh):
+    """Dynamo returns a symbolic size from the graph; specialised, it is a number the compiled
+    graph returns as it is (Llama 4's decode steps return one), not a reason to run eagerly."""
+
+    def f(x):
+        return x * 2, x.shape[0] + 1
+
+    compiled = torch.compile(f, backend="neuron", dynamic=True, options={"fallback": False})
+    for n in (3, 5):
+        x = torch.randn(n, 4)
+        y, m = compiled(x)
+        assert m == n + 1
+        torch.testing.assert_close(y, x * 2)
+    assert neuroncc.stats()["compiles"] == 2
