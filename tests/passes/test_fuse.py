@@ -367,3 +367,20 @@ def test_a_widened_value_passed_on_by_a_reshape_is_cast():
     assert fused.kernels == ((1, 2),)
     x = random_input(g.inputs[0].type)
     np.testing.assert_array_equal(run(emit_graph(fused, TRN2), [x], TRN2)[0], interpret(g, [x])[0])
+
+
+@pytest.mark.parametrize("source", ["elementwise", "matmul"])
+def test_a_result_in_place_of_a_view_spares_the_values_other_views(fresh, source):
+    """A reshape is its input's tile in a fused kernel: `neg` of one view of y may not be
+    written over y's tile while another view of y (a graph output) is still to be stored. It
+    was, at opt_level 2 (the second output came out negated), found as wrong gradients of
+    Qwen3-Next when a node beside such a group ran eagerly."""
+
+    def f(x, w):
+        y = x @ w if source == "matmul" else x * 2
+        return -(y.view(1, 64, 16)) * 3, y.view(1, 1, 64, 16) + 0
+
+    x, w = torch.randn(64, 16), torch.randn(16, 16)
+    got = torch.compile(f, backend="neuron", options={"fallback": False})(x, w)
+    for g, want in zip(got, f(x, w), strict=True):
+        torch.testing.assert_close(g, want)

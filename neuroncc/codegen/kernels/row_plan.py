@@ -314,10 +314,25 @@ def rounds_in_flight(
 
 
 def _last_uses(nodes: Sequence[Node]) -> dict[int, int]:
+    """Per value, the last node of the group that reads its tile. A reshape or broadcast is
+    its input's tile (RowKernel computes nothing for it), so a value and every such view of
+    it share one tile and one last use: the tile dies only when none of them is read any
+    more (else a result written in place of a view overwrites a value still to be read,
+    e.g. a group output that is another reshape of it, stored later)."""
     last: dict[int, int] = {}
+    root: dict[int, int] = {}  # value id -> the value whose tile it is
     for i, n in enumerate(nodes):
         for v in n.inputs:
             last[v.id] = i
+        if n.op in (Op.RESHAPE, Op.BROADCAST):
+            src = n.inputs[0].id
+            root[n.out.id] = root.get(src, src)
+    shared: dict[int, int] = {}
+    for vid, r in root.items():
+        shared[r] = max(shared.get(r, -1), last.get(vid, -1), last.get(r, -1))
+    for vid, r in root.items():
+        if shared[r] >= 0:
+            last[vid] = last[r] = shared[r]
     return last
 
 
