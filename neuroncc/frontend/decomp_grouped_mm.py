@@ -41,23 +41,39 @@ def _expert_mask(offs: torch.Tensor, rows: int, dtype: torch.dtype) -> torch.Ten
     return ((row >= starts) & (row < ends)).to(dtype)
 
 
+def _stacked(weight: torch.Tensor) -> torch.Tensor:
+    """[E N, K]: every expert's weightᵀ, stacked. transformers passes the experts' weights as
+    a transposed view of their [E, N, K] storage (`weight.transpose(-2, -1)`), and then this is
+    a view of that storage: the products below are then a linear layer's (x Aᵀ, and grad A),
+    with no transpose of the weights, which the compiler would otherwise make in HBM on every
+    call."""
+    e, k, n = weight.shape
+    return weight.mT.reshape(e * n, k)
+
+
 def grouped_mm(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """out[s] = x[s] @ weight[e(s)] for x [S, K], weight [E, K, N]."""
     (s, k), (e, _, n) = x.shape, weight.shape
-    every = (x @ weight.permute(1, 0, 2).reshape(k, e * n)).view(s, e, n)
-    return (every * _expert_mask(offs, s, x.dtype).unsqueeze(-1)).sum(1)
+    if weight.is_contiguous():
+        every = x @ weight.permute(1, 0, 2).reshape(k, e * n)  # rows of N moved, not transposed
+    else:
+        every = torch.nn.functional.linear(x, _stacked(weight))
+    return (every.view(s, e, n) * _expert_mask(offs, s, x.dtype).unsqueeze(-1)).sum(1)
 
 
 def grouped_mm_backward(
     x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, grad: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(grad_x, grad_weight): grad_x[s] = grad[s] @ weight[e(s)]^T and grad_weight[e] =
-    x[rows of e]^T @ grad[rows of e], each as one dense product with grad split by expert."""
+    x[rows of e]^T @ grad[rows of e], each as one dense product with grad split by expert.
+    grad_weight is laid out as weight is (an [E, N, K] storage seen transposed, or [E, K, N]),
+    so that the gradient of the storage needs no transpose either."""
     (s, k), (e, _, n) = x.shape, weight.shape
     split = (grad.unsqueeze(1) * _expert_mask(offs, s, grad.dtype).unsqueeze(-1)).reshape(s, e * n)
-    grad_x = split @ weight.permute(0, 2, 1).reshape(e * n, k)
-    grad_weight = (x.transpose(0, 1) @ split).view(k, e, n).permute(1, 0, 2)
-    return grad_x, grad_weight.contiguous()
+    grad_x = split @ _stacked(weight)
+    if weight.is_contiguous():
+        return grad_x, (x.transpose(0, 1) @ split).view(k, e, n).permute(1, 0, 2).contiguous()
+    return grad_x, (split.transpose(0, 1) @ x).view(e, n, k).mT
 
 
 def add_library_ops(table: dict) -> None:
