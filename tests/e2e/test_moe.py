@@ -13,12 +13,17 @@ from neuroncc.frontend.decomp_grouped_mm import grouped_mm, grouped_mm_backward
 from tests.e2e.test_hf import assert_training_step_matches_eager
 
 
+@pytest.mark.parametrize("stored", ["ekn", "enk"])
 @pytest.mark.parametrize("counts", [[3, 0, 5, 2], [0, 0, 10, 0], [1, 2, 0, 4]])
-def test_the_dense_rules_equal_the_op(counts):
+def test_the_dense_rules_equal_the_op(counts, stored):
     """Experts with no rows, and rows past the last offset (counts summing below S), which the
-    op leaves 0."""
+    op leaves 0; weights stored [E, K, N], or [E, N, K] and seen transposed, as transformers
+    passes them."""
     g = torch.Generator().manual_seed(sum(counts))
-    x, w = torch.randn(10, 6, generator=g), torch.randn(4, 6, 5, generator=g)
+    x = torch.randn(10, 6, generator=g)
+    w = torch.randn(4, 6, 5, generator=g)
+    if stored == "enk":
+        w = w.mT.contiguous().mT
     grad = torch.randn(10, 5, generator=g)
     offs = torch.tensor(counts).cumsum(0).to(torch.int32)
     ops = torch.ops.transformers
