@@ -136,6 +136,52 @@ def _mlp(quick: bool):
     return mlp, [torch.randn(64 if quick else 512, d)]
 
 
+def _moe(quick: bool, tokens: int):
+    """transformers' Mixtral sparse MoE block (8 experts, top 2, hidden 1024, experts 2048
+    wide) through its grouped matmul, as a model from `from_pretrained` runs it."""
+    import transformers
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+
+    torch.manual_seed(0)
+    hidden, inner = (32, 64) if quick else (1024, 2048)
+    cfg = transformers.MixtralConfig(
+        hidden_size=hidden,
+        intermediate_size=inner,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        experts_implementation="grouped_mm",
+    )
+    return MixtralSparseMoeBlock(cfg).eval(), [torch.randn(1, 4 if quick else tokens, hidden)]
+
+
+def _mamba2(quick: bool, decode: bool):
+    """transformers' Mamba-2 block (hidden 1024, 32 heads of 64, state 128, chunks of 128):
+    the chunked scan over 512 tokens, or one decode step from the state a 16-token prompt
+    left in its cache."""
+    import transformers
+    from transformers.cache_utils import DynamicCache
+    from transformers.models.mamba2.modeling_mamba2 import Mamba2Block
+
+    torch.manual_seed(0)
+    hidden, heads, state, chunk = (32, 4, 8, 8) if quick else (1024, 32, 128, 128)
+    cfg = transformers.Mamba2Config(
+        hidden_size=hidden,
+        num_heads=heads,
+        head_dim=2 * hidden // heads,
+        state_size=state,
+        n_groups=1,
+        chunk_size=chunk,
+        num_hidden_layers=1,
+    )
+    block = Mamba2Block(cfg, layer_idx=0).eval()
+    if not decode:
+        return (lambda x: block(x)), [torch.randn(1, 16 if quick else 512, hidden)]
+    cache = DynamicCache(config=cfg)
+    with torch.no_grad():
+        block(torch.randn(1, 16, hidden), cache=cache)
+    return (lambda x: block(x, cache=cache)), [torch.randn(1, 1, hidden)]
+
+
 WORKLOADS = [
     Workload(
         "gemm_skinny_decode",
@@ -161,6 +207,10 @@ WORKLOADS = [
     Workload("gpt2_block_fwd_bwd", lambda q: _block(False, q), backward=True),
     Workload("llama_block_fwd", lambda q: _block(True, q, dim=512, heads=8)),
     Workload("llama_decode_step", lambda q: _block(True, q, seq=1, dim=512, heads=8)),
+    Workload("moe_prefill", lambda q: _moe(q, 512)),
+    Workload("moe_decode_step", lambda q: _moe(q, 1)),
+    Workload("mamba2_prefill", lambda q: _mamba2(q, decode=False)),
+    Workload("mamba2_decode_step", lambda q: _mamba2(q, decode=True)),
 ]
 
 

@@ -5,11 +5,12 @@ transformers' MoE layers run their expert projections through the custom op
 expert, `offs` the running token counts, each expert's rows times its weight. How many rows
 each expert gets depends on the routing, so it is not known at compile time, and a static
 program cannot size one product per expert. Note [grouped matmul]: the rules here tile over the
-worst case instead: every row is multiplied by every expert's weight, as one [S, K] x [K, E N]
-product, and a one-hot of each row's expert (from `offs`, compared with the row index) keeps the
-product of its own expert; rows past the last offset are 0, as the op leaves them. Exact (the
-other products are multiplied by 0 and added), and E times the routed FLOPs, which is what the
-profile then shows; a warning says so once per process.
+worst case instead: each row is placed in the columns of its own expert (a one-hot of its expert,
+from `offs` compared with the row index, times the row: [S, E K], 0 elsewhere) and multiplied by
+every expert's weight stacked along the contraction ([E K, N]), one product whose accumulation
+sums over the experts; rows past the last offset are 0, as the op leaves them. Exact (the other
+experts' terms are products with 0), and E times the routed FLOPs, which is what the profile
+then shows; a warning says so once per process.
 
 The op exists only once transformers is imported, so the rules are added to the table when it
 is there (`add_library_ops`, called before each compile).
@@ -41,39 +42,60 @@ def _expert_mask(offs: torch.Tensor, rows: int, dtype: torch.dtype) -> torch.Ten
     return ((row >= starts) & (row < ends)).to(dtype)
 
 
-def _stacked(weight: torch.Tensor) -> torch.Tensor:
-    """[E N, K]: every expert's weightᵀ, stacked. transformers passes the experts' weights as
-    a transposed view of their [E, N, K] storage (`weight.transpose(-2, -1)`), and then this is
-    a view of that storage: the products below are then a linear layer's (x Aᵀ, and grad A),
-    with no transpose of the weights, which the compiler would otherwise make in HBM on every
-    call."""
+def _routed(x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """[S, E K]: row s of x in the columns of its own expert, 0 in the others."""
+    (s, k), e = x.shape, offs.shape[0]
+    return (x.unsqueeze(1) * _expert_mask(offs, s, x.dtype).unsqueeze(-1)).reshape(s, e * k)
+
+
+def _by_contraction(weight: torch.Tensor) -> torch.Tensor:
+    """[N, E K]: the experts' weights side by side along the contraction, each transposed, as
+    a linear layer's weight. transformers passes them as a transposed view of an [E, N, K]
+    storage (`weight.transpose(-2, -1)`): then this moves rows of K, it transposes nothing."""
     e, k, n = weight.shape
-    return weight.mT.reshape(e * n, k)
+    return weight.permute(2, 0, 1).reshape(n, e * k)
 
 
 def grouped_mm(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    """out[s] = x[s] @ weight[e(s)] for x [S, K], weight [E, K, N]."""
-    (s, k), (e, _, n) = x.shape, weight.shape
+    """out[s] = x[s] @ weight[e(s)] for x [S, K], weight [E, K, N]: the routed rows [S, E K]
+    times every expert's weight stacked [E K, N], so that the sum over experts is the
+    product's own accumulation (in PSUM) and no [S, E, N] of products is made."""
+    (s, _), (e, k, n) = x.shape, weight.shape
     if weight.is_contiguous():
-        every = x @ weight.permute(1, 0, 2).reshape(k, e * n)  # rows of N moved, not transposed
-    else:
-        every = torch.nn.functional.linear(x, _stacked(weight))
-    return (every.view(s, e, n) * _expert_mask(offs, s, x.dtype).unsqueeze(-1)).sum(1)
+        return _routed(x, offs) @ weight.reshape(e * k, n)
+    if _few_rows(s, k):
+        every = torch.nn.functional.linear(x, weight.mT.reshape(e * n, k)).view(s, e, n)
+        return (every * _expert_mask(offs, s, x.dtype).unsqueeze(-1)).sum(1)
+    return torch.nn.functional.linear(_routed(x, offs), _by_contraction(weight))
+
+
+def _few_rows(rows: int, k: int) -> bool:
+    """Whether to multiply every row by every expert and keep each row's own expert's product
+    ([S, E, N] made and summed over E) rather than rearrange weights stored [E, N, K] into
+    [N, E K] (E N K elements moved in HBM on every call): with rows fewer than K / 4. The
+    products then cost little beside the weights' bytes, which both ways read (a decode step);
+    the threshold is measured (tools/bench.py moe rows, trn2): at 1024 rows and K = 2048 the
+    rearranged weights are already 7% faster in all, and at 2 rows 2x slower."""
+    return 4 * rows < k
 
 
 def grouped_mm_backward(
     x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, grad: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(grad_x, grad_weight): grad_x[s] = grad[s] @ weight[e(s)]^T and grad_weight[e] =
-    x[rows of e]^T @ grad[rows of e], each as one dense product with grad split by expert.
-    grad_weight is laid out as weight is (an [E, N, K] storage seen transposed, or [E, K, N]),
-    so that the gradient of the storage needs no transpose either."""
-    (s, k), (e, _, n) = x.shape, weight.shape
-    split = (grad.unsqueeze(1) * _expert_mask(offs, s, grad.dtype).unsqueeze(-1)).reshape(s, e * n)
-    grad_x = split @ _stacked(weight)
+    """(grad_x, grad_weight): grad_x[s] = grad[s] @ weight[e(s)]^T, the product with every
+    expert kept for its own rows; grad_weight = routedᵀ @ grad, each expert's block of the
+    routed rows against grad. grad_weight is laid out as weight is ([E, K, N], or an [E, N, K]
+    storage seen transposed), so that the storage's gradient needs no transpose either."""
+    s, (e, k, n) = x.shape[0], weight.shape
+    routed = _routed(x, offs)
     if weight.is_contiguous():
-        return grad_x, (x.transpose(0, 1) @ split).view(k, e, n).permute(1, 0, 2).contiguous()
-    return grad_x, (split.transpose(0, 1) @ x).view(e, n, k).mT
+        every = torch.nn.functional.linear(grad, weight.reshape(e * k, n))
+        grad_weight = (routed.transpose(0, 1) @ grad).view(e, k, n)
+    else:
+        every = grad @ _by_contraction(weight)
+        grad_weight = (grad.transpose(0, 1) @ routed).view(n, e, k).permute(1, 0, 2).mT
+    mask = _expert_mask(offs, s, grad.dtype).unsqueeze(-1)
+    return (every.view(s, e, k) * mask).sum(1), grad_weight
 
 
 def add_library_ops(table: dict) -> None:

@@ -14,17 +14,20 @@ from tests.e2e.test_hf import assert_training_step_matches_eager
 
 
 @pytest.mark.parametrize("stored", ["ekn", "enk"])
-@pytest.mark.parametrize("counts", [[3, 0, 5, 2], [0, 0, 10, 0], [1, 2, 0, 4]])
-def test_the_dense_rules_equal_the_op(counts, stored):
+@pytest.mark.parametrize(
+    "counts,k", [([3, 0, 5, 2], 6), ([0, 0, 10, 0], 6), ([1, 2, 0, 4], 6), ([0, 1, 0, 0], 64)]
+)
+def test_the_dense_rules_equal_the_op(counts, k, stored):
     """Experts with no rows, and rows past the last offset (counts summing below S), which the
     op leaves 0; weights stored [E, K, N], or [E, N, K] and seen transposed, as transformers
-    passes them."""
+    passes them; and few rows against a long K (a decode step's form, `_few_rows`)."""
     g = torch.Generator().manual_seed(sum(counts))
-    x = torch.randn(10, 6, generator=g)
-    w = torch.randn(4, 6, 5, generator=g)
+    rows = 10 if k == 6 else 2
+    x = torch.randn(rows, k, generator=g)
+    w = torch.randn(4, k, 5, generator=g)
     if stored == "enk":
         w = w.mT.contiguous().mT
-    grad = torch.randn(10, 5, generator=g)
+    grad = torch.randn(rows, 5, generator=g)
     offs = torch.tensor(counts).cumsum(0).to(torch.int32)
     ops = torch.ops.transformers
     torch.testing.assert_close(grouped_mm(x, w, offs), ops.grouped_mm_fallback(x, w, offs))
