@@ -188,9 +188,26 @@ def emit_transpose_dma(ctx: EmitCtx, n: Node) -> None:
     )
 
 
+# Note [broadcast along rows]: a broadcast that repeats each element along a new last axis
+# (x [..., 1] -> [..., C]) is, as an HBM -> HBM copy, a DMA that reads with stride 0: one
+# descriptor per element written, at a few percent of HBM's bandwidth. Through SBUF it is one
+# element per partition loaded, repeated across the partition's row by VectorE, and rows of C
+# stored whole. Worth it once a row is long enough that its store is not element-sized too.
+ROW_BROADCAST_MIN_BYTES = 256
+
+
 @register(Op.BROADCAST)
 def emit_broadcast(ctx: EmitCtx, n: Node) -> None:
     x = n.inputs[0]
+    shape = n.out.type.shape
+    repeated = (
+        len(shape) >= 1
+        and x.type.shape == (*shape[:-1], 1)
+        and shape[-1] * x.type.dtype.itemsize >= ROW_BROADCAST_MIN_BYTES
+    )
+    if repeated:
+        _broadcast_along_rows(ctx, n)
+        return
     in_strides = contiguous_strides(x.type.shape)
     shape = n.out.type.shape
     src_strides = [0 if d == 1 else s for d, s in zip(x.type.shape, in_strides, strict=True)]
@@ -198,6 +215,25 @@ def emit_broadcast(ctx: EmitCtx, n: Node) -> None:
     copy_pattern(
         ctx, out, 0, contiguous_strides(shape), ctx.buf(x), 0, src_strides, shape, x.type.dtype
     )
+
+
+def _broadcast_along_rows(ctx: EmitCtx, n: Node) -> None:
+    """Note [broadcast along rows]: 128 source elements at a time, one per partition, repeated
+    into a [128, f] tile once, stored to each column chunk of their rows."""
+    b, x, dt = ctx.b, n.inputs[0], n.out.type.dtype
+    rows, cols = x.type.numel, n.out.type.shape[-1]
+    f = min(cols, TILE_BYTES // dt.itemsize)
+    src_pool, row_pool = b.sbuf_pool(dt.itemsize, bufs=2), b.sbuf_pool(f * dt.itemsize, bufs=2)
+    src, out = ctx.buf(x), ctx.alloc(n.out)
+    for r0 in range(0, rows, P):
+        p = min(P, rows - r0)
+        one = src_pool.tile(p, (1,), dt)
+        b.dma(one, rect(src, dt, r0, 1, p, 1))
+        row = row_pool.tile(p, (f,), dt)
+        b.emit(isa.TensorTensor("dve", op="max", dst=row, a=one, b=one))  # max(v, v) is v
+        for c0 in range(0, cols, f):
+            w = min(f, cols - c0)
+            b.dma(rect(out, dt, r0 * cols + c0, cols, p, w), row if w == f else row.cols(0, w))
 
 
 @register(Op.SLICE)

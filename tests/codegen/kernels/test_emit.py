@@ -221,6 +221,20 @@ def test_movement_ops():
     check(b.build([t, s, c, r, v, w]))
 
 
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(st.integers(1, 140), min_size=0, max_size=2),
+    st.integers(1, 2600),
+    st.sampled_from([DType.F32, DType.BF16, DType.I32, DType.I64, DType.BOOL]),
+)
+def test_broadcast_along_rows(lead, cols, dtype):
+    """Note [broadcast along rows]: [..., 1] -> [..., C] through SBUF where rows are long
+    (partial row blocks, column chunks past a tile), as a strided DMA where they are short."""
+    b = GraphBuilder()
+    x = b.input(TensorType((*lead, 1), dtype))
+    check(b.build([b.op(Op.BROADCAST, x, shape=[*lead, cols])]))
+
+
 @given(st.integers(1, 300), st.integers(1, 40), st.integers(1, 2100))
 def test_take_and_iota(n, rows, d):
     b = GraphBuilder()
