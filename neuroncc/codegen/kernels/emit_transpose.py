@@ -24,8 +24,9 @@ def pe_transposable(x: TensorType, perm: tuple[int, ...]) -> bool:
     """Whether TRANSPOSE can run on TensorE (transpose_blocks): float data and a permutation
     that puts the input's last axis second-to-last (the last two axes swapped, or a head split
     [b, s, h, d] -> [b, h, d, s]), so each output matrix is the transpose of an input matrix
-    with contiguous rows."""
-    shape, perm = _squeezed(x.shape, perm)
+    with contiguous rows. Axes that stay side by side count as one ([b, h, w, c] -> [b, c, h,
+    w] is [b, h w, c] -> [b, c, h w])."""
+    shape, perm = _canonical(x.shape, perm)
     rank = len(shape)
     return x.dtype.is_float and rank >= 2 and perm[-2] == rank - 1 and perm[-1] != rank - 1
 
@@ -87,19 +88,31 @@ def emit_transpose_on_pe(ctx: EmitCtx, n: Node) -> None:
 def pe_source(x: Value, perm: tuple[int, ...]) -> View:
     """The matrices of x whose transposes the output's matrices are, as a view of x: their
     rows are contiguous runs of x (pe_transposable)."""
-    shape, perm = _squeezed(x.type.shape, perm)
+    shape, perm = _canonical(x.type.shape, perm)
     xs = contiguous_strides(shape)
     *lead, r, c = (shape[p] for p in perm)
     strides = (*(xs[p] for p in perm[:-2]), xs[perm[-1]], 1)
     return View(x, 0, (*lead, c, r), strides)
 
 
-def _squeezed(shape: tuple[int, ...], perm: tuple[int, ...]) -> tuple[tuple, tuple]:
-    """The same transpose without axes of size 1 (they do not change the memory layout):
-    [1, s, d] -> [d, 1, s] is a plain [s, d] -> [d, s]."""
+def _canonical(shape: tuple[int, ...], perm: tuple[int, ...]) -> tuple[tuple, tuple]:
+    """The same transpose without axes of size 1 and with each run of input axes that the
+    permutation keeps side by side, in order, merged into one (neither changes where an element
+    lies): [1, s, d] -> [d, 1, s] is a plain [s, d] -> [d, s], and [b, h, w, c] -> [b, c, h, w]
+    is [b, h w, c] -> [b, c, h w]."""
     keep = [a for a in range(len(shape)) if shape[a] != 1]
     new = {a: i for i, a in enumerate(keep)}
-    return tuple(shape[a] for a in keep), tuple(new[p] for p in perm if p in new)
+    shape, perm = tuple(shape[a] for a in keep), tuple(new[p] for p in perm if p in new)
+    runs: list[list[int]] = []  # runs of input axes, in the output's order
+    for p in perm:
+        if runs and runs[-1][-1] + 1 == p:
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    by_input = sorted(range(len(runs)), key=lambda i: runs[i][0])
+    merged = tuple(math.prod(shape[a] for a in runs[i]) for i in by_input)
+    position = {run: i for i, run in enumerate(by_input)}
+    return merged, tuple(position[i] for i in range(len(runs)))
 
 
 def transpose_blocks(ctx: EmitCtx, source: View, out: str, dt: DType) -> None:

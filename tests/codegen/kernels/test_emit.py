@@ -221,6 +221,25 @@ def test_movement_ops():
     check(b.build([t, s, c, r, v, w]))
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.data(), st.sampled_from([DType.F32, DType.BF16]))
+def test_transposes_of_merged_axes(data, dtype):
+    """Axes a permutation keeps side by side count as one (emit_transpose._canonical), so that
+    [b, h, w, c] -> [b, c, h, w] runs on TensorE as [b, h w, c] -> [b, c, h w]; every
+    permutation, on TensorE where that makes it a matrix transpose, against the interpreter."""
+    shape = data.draw(st.lists(st.sampled_from([1, 2, 3, 5, 16, 130]), min_size=2, max_size=5))
+    perm = data.draw(st.permutations(range(len(shape))))
+    b = GraphBuilder()
+    check(b.build([b.op(Op.TRANSPOSE, b.input(TensorType(tuple(shape), dtype)), perm=perm)]))
+
+
+def test_a_channels_first_transpose_runs_on_tensore():
+    b = GraphBuilder()
+    x = b.input(TensorType((2, 16, 130, 5), DType.F32))
+    exe = check(b.build([b.op(Op.TRANSPOSE, x, perm=[0, 3, 1, 2])]))
+    assert any(i.opcode == "matmul" and i.transpose for i in exe.instructions)
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     st.lists(st.integers(1, 140), min_size=0, max_size=2),
