@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from neuroncc.codegen.hardware import isa
@@ -188,52 +189,78 @@ def emit_transpose_dma(ctx: EmitCtx, n: Node) -> None:
     )
 
 
-# Note [broadcast along rows]: a broadcast that repeats each element along a new last axis
-# (x [..., 1] -> [..., C]) is, as an HBM -> HBM copy, a DMA that reads with stride 0: one
-# descriptor per element written, at a few percent of HBM's bandwidth. Through SBUF it is one
-# element per partition loaded, repeated across the partition's row by VectorE, and rows of C
-# stored whole. Worth it once a row is long enough that its store is not element-sized too.
+# Note [broadcast along rows]: a broadcast whose last axis is new (x [..., 1] -> [..., C]) is,
+# as an HBM -> HBM copy, a DMA that reads with stride 0: one descriptor per element written, at
+# a few percent of HBM's bandwidth. Through SBUF it is one source element per output row, a
+# row per partition, repeated across the row by VectorE, and rows of C stored whole. The other
+# axes may broadcast too ([1, 1, h, 1] -> [b, s, h, C]): a block of rows reads its elements
+# with the rows' pattern, and a block that reads what the block before it read (a period of
+# rows) stores the same tile again. Worth it once a row is long enough that its store is not
+# element-sized too, and the blocks hold enough rows.
 ROW_BROADCAST_MIN_BYTES = 256
+ROW_BROADCAST_MIN_ROWS = 32  # per block, on average
 
 
 @register(Op.BROADCAST)
 def emit_broadcast(ctx: EmitCtx, n: Node) -> None:
     x = n.inputs[0]
-    shape = n.out.type.shape
-    repeated = (
-        len(shape) >= 1
-        and x.type.shape == (*shape[:-1], 1)
-        and shape[-1] * x.type.dtype.itemsize >= ROW_BROADCAST_MIN_BYTES
-    )
-    if repeated:
-        _broadcast_along_rows(ctx, n)
-        return
     in_strides = contiguous_strides(x.type.shape)
     shape = n.out.type.shape
     src_strides = [0 if d == 1 else s for d, s in zip(x.type.shape, in_strides, strict=True)]
+    if _broadcast_along_rows(ctx, n, src_strides):
+        return
     out = ctx.alloc(n.out)
     copy_pattern(
         ctx, out, 0, contiguous_strides(shape), ctx.buf(x), 0, src_strides, shape, x.type.dtype
     )
 
 
-def _broadcast_along_rows(ctx: EmitCtx, n: Node) -> None:
-    """Note [broadcast along rows]: 128 source elements at a time, one per partition, repeated
-    into a [128, f] tile once, stored to each column chunk of their rows."""
-    b, x, dt = ctx.b, n.inputs[0], n.out.type.dtype
-    rows, cols = x.type.numel, n.out.type.shape[-1]
+def _row_blocks(row_shape, src_strides) -> list[tuple[int, int, tuple]]:
+    """Consecutive output rows in blocks of at most P: (rows, source offset, source pattern)
+    for each, the pattern a DramRef's (stride, count) pairs."""
+    dims = _coalesce(row_shape, src_strides, contiguous_strides(row_shape))
+    dims = [(1, 0, 0)] * (2 - len(dims)) + dims
+    *outer, (n2, s2, _), (n1, s1, _) = dims
+    blocks = []
+    for index in itertools.product(*(range(c) for c, _, _ in outer)):
+        base = sum(i * s for i, (_, s, _) in zip(index, outer, strict=True))
+        if n1 >= P:
+            for j2, j1 in itertools.product(range(n2), range(0, n1, P)):
+                p = min(P, n1 - j1)
+                blocks.append((p, base + j2 * s2 + j1 * s1, ((s1, p), (1, 1))))
+        else:
+            for j2 in range(0, n2, P // n1):
+                k = min(P // n1, n2 - j2)
+                blocks.append((k * n1, base + j2 * s2, ((s2, k), (s1, n1))))
+    return blocks
+
+
+def _broadcast_along_rows(ctx: EmitCtx, n: Node, src_strides) -> bool:
+    """Note [broadcast along rows], where it applies: True if emitted."""
+    x, shape, dt = n.inputs[0], n.out.type.shape, n.out.type.dtype
+    if not shape or x.type.shape[-1] != 1 or shape[-1] * dt.itemsize < ROW_BROADCAST_MIN_BYTES:
+        return False
+    rows, cols = math.prod(shape[:-1]), shape[-1]
+    blocks = _row_blocks(shape[:-1], src_strides[:-1])
+    if len(blocks) * ROW_BROADCAST_MIN_ROWS > rows:
+        return False
+    b = ctx.b
     f = min(cols, TILE_BYTES // dt.itemsize)
     src_pool, row_pool = b.sbuf_pool(dt.itemsize, bufs=2), b.sbuf_pool(f * dt.itemsize, bufs=2)
     src, out = ctx.buf(x), ctx.alloc(n.out)
-    for r0 in range(0, rows, P):
-        p = min(P, rows - r0)
-        one = src_pool.tile(p, (1,), dt)
-        b.dma(one, rect(src, dt, r0, 1, p, 1))
-        row = row_pool.tile(p, (f,), dt)
-        b.emit(isa.TensorTensor("dve", op="max", dst=row, a=one, b=one))  # max(v, v) is v
+    r0, last, row = 0, None, None
+    for p, offset, pattern in blocks:
+        if (p, offset, pattern) != last:  # else the tile of the block before holds these rows
+            one = src_pool.tile(p, (1,), dt)
+            b.dma(one, isa.DramRef(src, offset, dt, pattern))
+            row = row_pool.tile(p, (f,), dt)
+            b.emit(isa.TensorTensor("dve", op="max", dst=row, a=one, b=one))  # max(v, v) is v
+            last = (p, offset, pattern)
         for c0 in range(0, cols, f):
             w = min(f, cols - c0)
             b.dma(rect(out, dt, r0 * cols + c0, cols, p, w), row if w == f else row.cols(0, w))
+        r0 += p
+    return True
 
 
 @register(Op.SLICE)

@@ -7,7 +7,7 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from neuroncc.codegen.hardware import isa
@@ -240,18 +240,20 @@ def test_a_channels_first_transpose_runs_on_tensore():
     assert any(i.opcode == "matmul" and i.transpose for i in exe.instructions)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(
-    st.lists(st.integers(1, 140), min_size=0, max_size=2),
+    st.lists(st.tuples(st.integers(1, 140), st.booleans()), min_size=0, max_size=3),
     st.integers(1, 2600),
     st.sampled_from([DType.F32, DType.BF16, DType.I32, DType.I64, DType.BOOL]),
 )
 def test_broadcast_along_rows(lead, cols, dtype):
-    """Note [broadcast along rows]: [..., 1] -> [..., C] through SBUF where rows are long
-    (partial row blocks, column chunks past a tile), as a strided DMA where they are short."""
+    """Note [broadcast along rows]: [..., 1] -> [..., C], other axes broadcast too or not,
+    through SBUF where rows are long (partial row blocks, column chunks past a tile, blocks
+    that repeat the one before), as a strided DMA where they are short."""
+    assume(math.prod(n for n, _ in lead) * cols <= 1 << 20)
     b = GraphBuilder()
-    x = b.input(TensorType((*lead, 1), dtype))
-    check(b.build([b.op(Op.BROADCAST, x, shape=[*lead, cols])]))
+    x = b.input(TensorType((*(1 if bcast else n for n, bcast in lead), 1), dtype))
+    check(b.build([b.op(Op.BROADCAST, x, shape=[*(n for n, _ in lead), cols])]))
 
 
 @given(st.integers(1, 300), st.integers(1, 40), st.integers(1, 2100))
