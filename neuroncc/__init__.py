@@ -3,34 +3,14 @@
     model = torch.compile(model, backend="neuron", options={"target": "trn2"})
 
 Public API: stats(), reset_stats(), profiles(), write_trace(), record() (a warmup manifest of
-the graphs compiled in a block), CompileOptions, the error types, __version__,
-compiler_version().
+the graphs compiled in a block), CompileOptions, the error types, __version__.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
-from pathlib import Path
 from typing import Any
 
 __version__ = "0.1.0"
-
-
-@functools.cache
-def compiler_version() -> str:
-    """__version__ and a digest of the compiler's own sources: what the caches key programs by
-    and check entries against, so that a changed compiler (an upgrade, a fix of wrong code, a
-    development checkout) never reuses what an older one compiled, whatever __version__ says.
-    Reading the sources costs a few milliseconds, once per process."""
-    digest = hashlib.sha256()
-    root = Path(__file__).parent
-    for path in sorted(root.rglob("*")):
-        if path.suffix in (".py", ".j2"):
-            digest.update(str(path.relative_to(root)).encode())
-            digest.update(path.read_bytes())
-    return f"{__version__}+{digest.hexdigest()[:16]}"
-
 
 from neuroncc.errors import (
     CapacityError,
@@ -103,7 +83,6 @@ __all__ = [
     "SimulationError",
     "UnsupportedError",
     "__version__",
-    "compiler_version",
     "profiles",
     "record",
     "reset_stats",

@@ -41,7 +41,7 @@ WORKLOADS = (
 # Run in a new process: load every manifest entry from the cache, timed one by one.
 _LOAD = """
 import gc, json, sys, time
-from neuroncc import compiler_version
+from neuroncc import __version__
 from neuroncc.frontend.compile import disk_cache_for, graph_key
 from neuroncc.frontend.recording import ManifestEntry, load_manifest
 from neuroncc.options import CompileOptions
@@ -54,7 +54,7 @@ for e in load_manifest(sys.argv[1]):
     opts = CompileOptions(**e.options, cache_dir=sys.argv[2])
     key = graph_key(e.ir, opts)
     start = time.perf_counter()
-    entry = disk_cache_for(opts).load(key, compiler_version())
+    entry = disk_cache_for(opts).load(key, __version__)
     _remember(key, entry, e.name)
     out[e.name] = {"hit_s": time.perf_counter() - start,
                    "compile_s": entry.meta["compile_seconds"],

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from neuroncc import compiler_version
+from neuroncc import __version__
 from neuroncc.examples import GPTConfig, TinyGPT, example_batch
 from neuroncc.runtime.disk_cache import DiskCache, decode_entry
 
@@ -51,7 +51,7 @@ def run(quick: bool) -> dict:
             _step(compiled, idx, targets)
             second = time.perf_counter() - start
             own = sum(
-                decode_entry(e.path.read_bytes(), e.key, compiler_version()).meta["compile_seconds"]
+                decode_entry(e.path.read_bytes(), e.key, __version__).meta["compile_seconds"]
                 for e in DiskCache(cache).entries()
             )
         rows[layers] = {"neuroncc_s": own, "wall_s": max(first - second, 0.0)}

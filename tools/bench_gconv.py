@@ -23,7 +23,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from neuroncc import compiler_version
+from neuroncc import __version__
 from neuroncc.runtime.disk_cache import DiskCache, decode_entry
 from neuroncc.runtime.stats import STATS
 from tools.campaign import _InvertedResidual
@@ -54,7 +54,7 @@ def measure(model: nn.Module, x: torch.Tensor, train: bool) -> list[dict]:
                 compiled(x)
         seconds = {}
         for e in DiskCache(cache).entries():
-            meta = decode_entry(e.path.read_bytes(), e.key, compiler_version()).meta
+            meta = decode_entry(e.path.read_bytes(), e.key, __version__).meta
             seconds[meta["name"]] = meta["compile_seconds"]
     rows = []
     for name, c in STATS.executed().items():

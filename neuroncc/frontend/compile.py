@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
-from neuroncc import compiler_version
+from neuroncc import __version__
 from neuroncc.codegen.executable.program import no_gc
 from neuroncc.codegen.hardware.targets import get_target
 from neuroncc.codegen.lower import emit_graph
@@ -37,7 +37,7 @@ def canonical_text(g: Graph) -> str:
 
 
 def graph_key(ir_text: str, opts: CompileOptions) -> str:
-    return cache_key(ir_text, opts.cache_key(), opts.target, compiler_version())
+    return cache_key(ir_text, opts.cache_key(), opts.target, __version__)
 
 
 @dataclass
@@ -77,7 +77,7 @@ def compile_nir(
             raise internal_error(e, stage=stage) from e
     meta = {
         "name": name,
-        "neuroncc": compiler_version(),
+        "neuroncc": __version__,
         "target": opts.target,
         "options": opts.compile_fields(),
         "ir": ir_text,

@@ -344,7 +344,7 @@ def summarise(dump_dir: str) -> None:
 def cache_command(action: str, key: str | None, cache_dir: str | None) -> int:
     import time
 
-    from neuroncc import compiler_version
+    from neuroncc import __version__
     from neuroncc.runtime.disk_cache import CorruptEntry, decode_entry
 
     cache = open_cache_for(cache_dir)
@@ -377,7 +377,7 @@ def cache_command(action: str, key: str | None, cache_dir: str | None) -> int:
         bad = 0
         for e in entries:
             try:
-                if decode_entry(e.path.read_bytes(), e.key, compiler_version()) is None:
+                if decode_entry(e.path.read_bytes(), e.key, __version__) is None:
                     print(f"{e.key[:16]}  stale (another neuroncc version)")
             except (CorruptEntry, OSError) as err:
                 bad += 1

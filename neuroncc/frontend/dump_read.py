@@ -99,7 +99,7 @@ def open_cache_for(cache_dir: str | None):
 
 
 def load_cache_entry(prefix: str, cache_dir: str | None) -> GraphDump:
-    from neuroncc import compiler_version
+    from neuroncc import __version__
     from neuroncc.frontend.compile import stage_snapshots
     from neuroncc.options import CompileOptions
 
@@ -108,7 +108,7 @@ def load_cache_entry(prefix: str, cache_dir: str | None) -> GraphDump:
     if len(matches) != 1:
         found = "no" if not matches else f"{len(matches)}"
         raise DumpError(f"{found} cache entries in {cache.root} have a key starting {prefix}")
-    entry = cache.load(matches[0].key, compiler_version())
+    entry = cache.load(matches[0].key, __version__)
     if entry is None:
         raise DumpError(f"cache entry {matches[0].key} is damaged or of another version")
     g = parse(entry.meta["ir"])

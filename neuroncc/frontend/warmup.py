@@ -106,7 +106,7 @@ def _options(entry: ManifestEntry, cache_dir: str | None) -> CompileOptions:
 
 def compile_entry(entry: ManifestEntry, cache_dir: str | None) -> str:
     """Compile one manifest entry into the cache: "compiled" or "cached". Runs in a worker."""
-    from neuroncc import compiler_version
+    from neuroncc import __version__
     from neuroncc.frontend.compile import compile_nir, disk_cache_for, graph_key
     from neuroncc.ir.parser import parse
     from neuroncc.ir.verify import verify
@@ -120,7 +120,7 @@ def compile_entry(entry: ManifestEntry, cache_dir: str | None) -> str:
     disk = disk_cache_for(opts)
     assert disk is not None
     with disk.compiling(key):
-        if disk.load(key, compiler_version()) is not None:
+        if disk.load(key, __version__) is not None:
             return "cached"
         compiled = compile_nir(g, entry.ir, opts, entry.name)
         if not disk.store(key, compiled.entry):
@@ -170,12 +170,12 @@ def compile_manifest(
 
 def _cached(entry: ManifestEntry, cache_dir: str | None) -> bool:
     """Whether the cache holds a valid entry for this graph (checked before any worker runs)."""
-    from neuroncc import compiler_version
+    from neuroncc import __version__
     from neuroncc.frontend.compile import disk_cache_for, graph_key
 
     opts = _options(entry, cache_dir)
     disk = disk_cache_for(opts)
-    return disk is not None and disk.load(graph_key(entry.ir, opts), compiler_version()) is not None
+    return disk is not None and disk.load(graph_key(entry.ir, opts), __version__) is not None
 
 
 def _run_pool(

@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
 
-from neuroncc import compiler_version
+from neuroncc import __version__
 from neuroncc.runtime.disk_cache import DiskCache, Entry
 from neuroncc.runtime.executor import CompiledExecutable
 from neuroncc.runtime.stats import STATS
@@ -63,10 +63,10 @@ def lookup_or_compile(
     if disk is None:
         entry = _compiled(compile_entry)
         return _remember(key, entry, name)
-    entry = disk.load(key, compiler_version())
+    entry = disk.load(key, __version__)
     if entry is None:
         with disk.compiling(key):
-            entry = disk.load(key, compiler_version())  # another process may have compiled it
+            entry = disk.load(key, __version__)  # another process may have compiled it
             if entry is None:
                 entry = _compiled(compile_entry)
                 disk.store(key, entry)
