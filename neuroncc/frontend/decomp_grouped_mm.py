@@ -10,7 +10,8 @@ from `offs` compared with the row index, times the row: [S, E K], 0 elsewhere) a
 every expert's weight stacked along the contraction ([E K, N]), one product whose accumulation
 sums over the experts; rows past the last offset are 0, as the op leaves them. Exact (the other
 experts' terms are products with 0), and E times the routed FLOPs, which is what the profile
-then shows; a warning says so once per process.
+then shows; a warning says so once per process, and stats()["dense_grouped_matmuls"] counts the
+products compiled so.
 
 The op exists only once transformers is imported, so the rules are added to the table when it
 is there (`add_library_ops`, called before each compile).
@@ -22,12 +23,15 @@ import warnings
 
 import torch
 
+from neuroncc.runtime.stats import STATS
+
 _WARNED = False
 
 
 def _expert_mask(offs: torch.Tensor, rows: int, dtype: torch.dtype) -> torch.Tensor:
     """[rows, E]: 1 where row s belongs to expert e (offs[e-1] <= s < offs[e])."""
     global _WARNED
+    STATS.add("dense_grouped_matmuls")
     if not _WARNED:
         _WARNED = True
         warnings.warn(

@@ -20,6 +20,9 @@ _COUNTERS = (
     "executions",
     "timing_only_executions",
     "weight_layouts",  # weights laid out for an inference graph (Note [weight layout])
+    # mixture-of-experts grouped matmuls compiled as dense products over every expert (Note
+    # [grouped matmul]): their FLOPs and device time in the profiles are E times the routed ones
+    "dense_grouped_matmuls",
     # Note [kernel reuse]: kernels emitted, placed from a template without emitting, and keys
     # whose second kernel came out other than the first (never replayed)
     "kernels_emitted",

@@ -8,6 +8,7 @@ import torch
 import transformers
 from transformers.integrations import moe  # noqa: F401  (registers the custom ops)
 
+import neuroncc
 from neuroncc.frontend import decomp_grouped_mm
 from neuroncc.frontend.decomp_grouped_mm import grouped_mm, grouped_mm_backward
 from tests.e2e.test_hf import assert_training_step_matches_eager
@@ -62,4 +63,5 @@ def test_training_step_compiles_whole_and_matches_eager(fresh, arch, monkeypatch
     compiled = torch.compile(model, backend="neuron", options={"fallback": False})
     with pytest.warns(UserWarning, match="dense product over all its experts"):
         got = compiled(input_ids=ids, labels=ids, use_cache=False).loss
+    assert neuroncc.stats()["dense_grouped_matmuls"] >= 4  # 2 layers' up and down, forward
     assert_training_step_matches_eager(model, ids, got)
