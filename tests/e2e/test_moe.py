@@ -65,3 +65,11 @@ def test_training_step_compiles_whole_and_matches_eager(fresh, arch, monkeypatch
         got = compiled(input_ids=ids, labels=ids, use_cache=False).loss
     assert neuroncc.stats()["dense_grouped_matmuls"] >= 4  # 2 layers' up and down, forward
     assert_training_step_matches_eager(model, ids, got)
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_the_architecture_survey_runs(fresh):
+    """tools/arch_survey.py, the table of families issue 23's notes report, on one case."""
+    from tools import arch_survey
+
+    assert arch_survey.main(["--only", "mixtral", "--modes", "fwd"]) == 0
