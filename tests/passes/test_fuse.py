@@ -103,7 +103,9 @@ graph @main(%0: f32[130,60000]) {
 def test_a_log_softmax_over_rows_too_long_for_sbuf_is_walked_in_chunks():
     """Note [wide rows]: 234 KB rows (trn2 has 224 KB per partition): the max; x - max, exp
     and their sum (a group); the log of [130, 1]; the output (a group). Five passes over
-    [130, 60000] fp32, where the unfused ops broadcast row values to full rows through HBM."""
+    [130, 60000] fp32, where the unfused ops write row values broadcast to full rows to HBM and
+    read them back (at least twice the time since broadcasts go through SBUF: Note [broadcast
+    along rows]; ten times before)."""
     g = parse(WIDE_LOG_SOFTMAX)
     fused = Fuse().run(g, CTX)
     assert [len(k) for k in fused.kernels] == [4, 2]  # (%1 and %6, alone, are no groups)
@@ -114,7 +116,7 @@ def test_a_log_softmax_over_rows_too_long_for_sbuf_is_walked_in_chunks():
     profile = time_executable(exe, TRN2)
     assert profile.hbm_bytes < 5.05 * x.nbytes
     unfused = time_executable(emit_graph(g, TRN2), TRN2)
-    assert profile.device_ns < unfused.device_ns / 10
+    assert profile.device_ns < unfused.device_ns / 2
 
 
 @pytest.mark.parametrize(
