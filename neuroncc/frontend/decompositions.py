@@ -320,6 +320,13 @@ _PYTORCH_EXTRAS = [
 ]
 
 
+def _select_scatter(x, src, dim, index):
+    """x with x.select(dim, index) replaced by src, as a slice_scatter (a concat: Note
+    [scatters into concats]); PyTorch's rule rewrites the whole of x through a where."""
+    index = index + x.shape[dim] if index < 0 else index
+    return aten.slice_scatter(x, src.unsqueeze(dim), dim, index, index + 1)
+
+
 def decomposition_table() -> dict:
     table = dict(core_aten_decompositions())
     for op in _PYTORCH_EXTRAS:
@@ -344,6 +351,7 @@ def decomposition_table() -> dict:
     table[aten.nonzero_static.default] = _nonzero_static
     table[aten.masked_scatter.default] = _masked_scatter
     table[aten.masked_scatter_backward.default] = _masked_scatter_backward
+    table[aten.select_scatter.default] = _select_scatter
     table.update(ATTENTION_DECOMPOSITIONS)
     table.update(SPECIAL_DECOMPOSITIONS)
     table.update(TRANSFORMER_DECOMPOSITIONS)

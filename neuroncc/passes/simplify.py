@@ -9,7 +9,8 @@ reshapes or transposes, no transpose that only moves unit axes (a reshape), no
 reshape/broadcast/transpose of a constant, no two nodes computing the same op on the same inputs
 (but constants: Note [constants per reader]), no dead nodes. Plus two algebraic rules for
 patterns the SDPA decomposition makes (`_any_not_neg_inf`, `_scale_after_matmul`), column sums
-as matmuls (`_column_sum`), squares as products (`_square`), two for the causal mask
+as matmuls (`_column_sum`), squares as products (`_square`), slices of concats and concats of
+concats taken apart (Note [scatters into concats]), two for the causal mask
 (`_logical_unit`, `_compare_difference`), unit dims dropped before a transpose rather than after
 it (`_unit_dims_first`), and a product read in slices along its last axis split into a matmul per
 slice (`_slice_of_matmul`, `_slice_of_transpose`).
@@ -50,6 +51,15 @@ class _Emitter:
         self.cse: dict[tuple, Value] = {}
         self.constant: set[int] = set()  # values computed from no graph input
         self.sliced_products = sliced_products(g)
+        # Note [scatters into concats]: the values only slices read, and which value of the
+        # source graph each value made here stands for (set by Simplify.run)
+        outputs = {v.id for v in g.outputs}
+        self.only_sliced = {
+            vid
+            for vid, us in g.users().items()
+            if us and vid not in outputs and all(u.op is Op.SLICE for u in us)
+        }
+        self.origin: dict[int, int] = {}
 
     def add(self, op: Op, inputs: tuple[Value, ...], attrs: dict) -> Value:
         """Create a new node, simplified like any other."""
@@ -235,15 +245,68 @@ def _slice_of_transpose(n: Node, em: _Emitter) -> Value | None:
 
 
 def _constant_fold(n: Node, em: _Emitter) -> Value | None:
-    """A reshape, broadcast or transpose of a constant is a constant of the new shape (a
+    """A reshape, broadcast, transpose or slice of a constant is a constant of the new shape (a
     broadcast mask would otherwise be an element-by-element DMA)."""
-    if n.op not in (Op.RESHAPE, Op.BROADCAST, Op.TRANSPOSE):
+    if n.op not in (Op.RESHAPE, Op.BROADCAST, Op.TRANSPOSE, Op.SLICE):
         return None
     inner = em.producers.get(n.inputs[0].id)
     if inner is None or inner.op != Op.FULL:
         return None
     attrs = {"shape": n.out.type.shape, "value": inner.attr("value"), "dtype": n.out.type.dtype}
     return em.add(Op.FULL, (), attrs)
+
+
+# Note [scatters into concats]: a loop that writes a buffer a slice at a time (`out[:, i] =
+# step(i)` in a chunked scan) is, functionalised, a chain of slice_scatters, each lowered as a
+# concat of the piece before, the new slice and the piece after: every step copies the whole
+# buffer, quadratic in the number of steps. A slice of a concat along its axis is the parts it
+# covers (`_slice_of_concat`) and a concat of a concat along the same axis is one concat
+# (`_concat_of_concats`), so the chain becomes one concat of the steps' slices, and the
+# buffers between die.
+
+
+def _slice_of_concat(n: Node, em: _Emitter) -> Value | None:
+    """slice(concat(parts), axis of the concat) with unit steps: the part it covers, or the
+    concat of the parts it covers where only slices read the concat (which then dies), each
+    sliced to what it covers (on the other axes as the slice says)."""
+    if n.op != Op.SLICE or set(n.attr("steps")) != {1}:
+        return None
+    inner = em.producers.get(n.inputs[0].id)
+    if inner is None or inner.op != Op.CONCAT:
+        return None
+    axis = inner.attr("axis")
+    starts, stops = list(n.attr("starts")), list(n.attr("stops"))
+    if n.out.type.numel == 0:
+        return None
+    pieces, offset = [], 0
+    for part in inner.inputs:
+        size = part.type.shape[axis]
+        lo, hi = max(starts[axis], offset), min(stops[axis], offset + size)
+        if lo < hi:
+            sub_starts, sub_stops = list(starts), list(stops)
+            sub_starts[axis], sub_stops[axis] = lo - offset, hi - offset
+            attrs = {"starts": sub_starts, "stops": sub_stops, "steps": [1] * len(starts)}
+            pieces.append(em.add(Op.SLICE, (part,), attrs))
+        offset += size
+    if len(pieces) == 1:
+        return pieces[0]
+    if em.origin.get(inner.out.id) not in em.only_sliced:
+        return None  # the concat is made for another reader anyway: slicing it costs less
+    return em.add(Op.CONCAT, tuple(pieces), {"axis": axis})
+
+
+def _concat_of_concats(n: Node, em: _Emitter) -> Value | None:
+    if n.op != Op.CONCAT:
+        return None
+    axis, parts, spliced = n.attr("axis"), [], False
+    for v in n.inputs:
+        inner = em.producers.get(v.id)
+        if inner is not None and inner.op == Op.CONCAT and inner.attr("axis") == axis:
+            parts.extend(inner.inputs)
+            spliced = True
+        else:
+            parts.append(v)
+    return em.add(Op.CONCAT, tuple(parts), {"axis": axis}) if spliced else None
 
 
 def _full_value(em: _Emitter, v: Value) -> float | None:
@@ -452,6 +515,8 @@ simplify_rules: list[Rule] = [
     _unit_dims_first,
     _slice_of_matmul,
     _slice_of_transpose,
+    _slice_of_concat,
+    _concat_of_concats,
     _square,
 ]
 
@@ -477,5 +542,6 @@ class Simplify:
         for n in g.nodes:
             node = Node(n.op, tuple(remap[v.id] for v in n.inputs), n.attrs, n.out)
             remap[n.out.id] = em.simplify(node)
+            em.origin.setdefault(remap[n.out.id].id, n.out.id)
         outputs = tuple(remap[v.id] for v in g.outputs)
         return Graph(g.name, g.inputs, tuple(dce(em.nodes, outputs)), outputs)

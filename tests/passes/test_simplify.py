@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 import torch
 from hypothesis import given
 
@@ -375,3 +376,57 @@ def test_a_sum_over_no_axes_of_a_transpose_stays():
 }
 """
     assert print_graph(Simplify().run(parse(text), CTX)) == text
+
+
+def test_a_loop_of_slice_scatters_is_one_concat(fresh):
+    """Note [scatters into concats]: `out[:, i] = step(x[:, i])` over 6 steps, functionalised
+    (select_scatter as slice_scatter: a concat per step, each copying the whole buffer), is
+    one concat of the steps' results once simplified, and equals eager."""
+
+    def f(x):
+        out = torch.zeros(4, 6, 8)
+        for i in range(6):
+            out[:, i] = torch.tanh(x[:, i]) * (i + 1)
+        return out
+
+    x = torch.randn(4, 6, 8)
+    got = torch.compile(f, backend="neuron", options={"fallback": False})(x)
+    torch.testing.assert_close(got, f(x))
+    from neuroncc.frontend.decompositions import DECOMPOSITIONS
+    from neuroncc.frontend.fx_import import import_fx
+
+    functional = torch.func.functionalize(f)
+    gm = torch.fx.experimental.proxy_tensor.make_fx(functional, DECOMPOSITIONS)(x)
+    after = Simplify().run(import_fx(gm).graph, CTX)
+    assert [n.op for n in after.nodes].count(Op.CONCAT) == 1
+
+
+@pytest.mark.parametrize("concat_is_output", [False, True])
+def test_slices_of_concats_are_their_parts(concat_is_output):
+    """_slice_of_concat and _concat_of_concats: slices within a part, across parts, of a part
+    of the inner concat, of everything, and with a step (left alone): the interpreter's values
+    before and after. A slice across parts is a concat of them only where nothing but slices
+    reads the concat (it then dies); where the concat is made anyway, it stays a slice."""
+    b = GraphBuilder()
+    x = b.input(TensorType((3, 10, 4), DType.F32))
+    y = b.input(TensorType((3, 5, 4), DType.F32))
+    inner = b.op(Op.CONCAT, x, y, x, axis=1)  # [3, 25, 4]
+    outer = b.op(Op.CONCAT, inner, b.op(Op.EXP, y), axis=1)  # [3, 30, 4]
+    outs = [outer] if concat_is_output else []
+    for lo, hi in [(0, 10), (3, 12), (9, 26), (10, 15), (24, 30), (0, 30)]:
+        outs.append(b.op(Op.SLICE, outer, starts=[1, lo, 1], stops=[3, hi, 4], steps=[1, 1, 1]))
+    outs.append(b.op(Op.SLICE, outer, starts=[0, 4, 0], stops=[3, 20, 4], steps=[1, 2, 1]))
+    before = b.build(outs)
+    after = Simplify().run(before, CTX)
+    inputs = [random_input(v.type) for v in before.inputs]
+    for a, want in zip(interpret(after, inputs), interpret(before, inputs), strict=True):
+        np.testing.assert_array_equal(a, want)
+    producers = {n.out.id: n for n in after.nodes}
+    sliced_concats = [
+        n
+        for n in after.nodes
+        if n.op is Op.SLICE
+        and set(n.attr("steps")) == {1}
+        and getattr(producers.get(n.inputs[0].id), "op", None) is Op.CONCAT
+    ]
+    assert len(sliced_concats) == (4 if concat_is_output else 0)  # (3,12) (9,26) (24,30) (0,30)
