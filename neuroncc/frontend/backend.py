@@ -117,8 +117,10 @@ class GraphRunner:
 
 
 def _output(slot: int | None | ConstantOutput, outs: list[torch.Tensor]) -> Any:
-    if slot is None or isinstance(slot, ConstantOutput):
-        return None if slot is None else slot.value
+    if slot is None:
+        return None
+    if isinstance(slot, ConstantOutput):
+        return slot.value
     return outs[slot]
 
 

@@ -31,7 +31,6 @@ _WARNED = False
 def _expert_mask(offs: torch.Tensor, rows: int, dtype: torch.dtype) -> torch.Tensor:
     """[rows, E]: 1 where row s belongs to expert e (offs[e-1] <= s < offs[e])."""
     global _WARNED
-    STATS.add("dense_grouped_matmuls")
     if not _WARNED:
         _WARNED = True
         warnings.warn(
@@ -64,6 +63,7 @@ def grouped_mm(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> tor
     """out[s] = x[s] @ weight[e(s)] for x [S, K], weight [E, K, N]: the routed rows [S, E K]
     times every expert's weight stacked [E K, N], so that the sum over experts is the
     product's own accumulation (in PSUM) and no [S, E, N] of products is made."""
+    STATS.add("dense_grouped_matmuls")
     (s, _), (e, k, n) = x.shape, weight.shape
     if weight.is_contiguous():
         return _routed(x, offs) @ weight.reshape(e * k, n)
@@ -90,6 +90,7 @@ def grouped_mm_backward(
     expert kept for its own rows; grad_weight = routedᵀ @ grad, each expert's block of the
     routed rows against grad. grad_weight is laid out as weight is ([E, K, N], or an [E, N, K]
     storage seen transposed), so that the storage's gradient needs no transpose either."""
+    STATS.add("dense_grouped_matmuls")
     s, (e, k, n) = x.shape[0], weight.shape
     routed = _routed(x, offs)
     if weight.is_contiguous():

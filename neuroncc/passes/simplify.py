@@ -59,7 +59,7 @@ class _Emitter:
             for vid, us in g.users().items()
             if us and vid not in outputs and all(u.op is Op.SLICE for u in us)
         }
-        self.origin: dict[int, int] = {}
+        self.origin: dict[int, int] = {v.id: v.id for v in g.inputs}
 
     def add(self, op: Op, inputs: tuple[Value, ...], attrs: dict) -> Value:
         """Create a new node, simplified like any other."""
@@ -278,20 +278,23 @@ def _slice_of_concat(n: Node, em: _Emitter) -> Value | None:
     starts, stops = list(n.attr("starts")), list(n.attr("stops"))
     if n.out.type.numel == 0:
         return None
-    pieces, offset = [], 0
+    covered, offset = [], 0  # (part, first, end) along the axis
     for part in inner.inputs:
         size = part.type.shape[axis]
         lo, hi = max(starts[axis], offset), min(stops[axis], offset + size)
         if lo < hi:
-            sub_starts, sub_stops = list(starts), list(stops)
-            sub_starts[axis], sub_stops[axis] = lo - offset, hi - offset
-            attrs = {"starts": sub_starts, "stops": sub_stops, "steps": [1] * len(starts)}
-            pieces.append(em.add(Op.SLICE, (part,), attrs))
+            covered.append((part, lo - offset, hi - offset))
         offset += size
+    if len(covered) > 1 and em.origin.get(inner.out.id) not in em.only_sliced:
+        return None  # the concat is made for another reader anyway: slicing it costs less
+    pieces = []
+    for part, lo, hi in covered:
+        sub_starts, sub_stops = list(starts), list(stops)
+        sub_starts[axis], sub_stops[axis] = lo, hi
+        attrs = {"starts": sub_starts, "stops": sub_stops, "steps": [1] * len(starts)}
+        pieces.append(em.add(Op.SLICE, (part,), attrs))
     if len(pieces) == 1:
         return pieces[0]
-    if em.origin.get(inner.out.id) not in em.only_sliced:
-        return None  # the concat is made for another reader anyway: slicing it costs less
     return em.add(Op.CONCAT, tuple(pieces), {"axis": axis})
 
 
