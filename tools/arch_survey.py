@@ -64,6 +64,7 @@ LINEAR = {
     "head_dim": 16,
     "layer_types": ["linear_attention", "full_attention"],
 }
+HYBRID_MAMBA = {"mamba_n_heads": 4, "mamba_d_head": 32, "mamba_d_state": 16, "mamba_chunk_size": 8}
 # family -> (config overrides, cache for generate: "static" or None for the model's own)
 FAMILIES = {
     "mixtral": (MOE, "static"),
@@ -120,6 +121,41 @@ FAMILIES = {
         None,
     ),
     "qwen3_5_text": (LINEAR, None),
+    "kimi_linear": (
+        {
+            **MOE,
+            **MLA,
+            "layer_types": ["linear_attention", "full_attention"],
+            "head_dim": 16,
+            "linear_head_dim": 16,
+            "linear_num_heads": 4,
+        },
+        None,
+    ),
+    "minimax": (MOE, None),
+    "minimax_m2": (MOE, "static"),
+    "hunyuan_v1_moe": (MOE, "static"),
+    "granitemoeshared": (MOE, "static"),
+    "falcon_mamba": ({}, None),
+    "bamba": ({**MOE, **HYBRID_MAMBA, "attn_layer_indices": [1]}, None),
+    "granitemoehybrid": (
+        {**MOE, **HYBRID_MAMBA, "layer_types": ["linear_attention", "full_attention"]},
+        None,
+    ),
+    "zamba2": (
+        {
+            **MOE,
+            "layers_block_type": ["mamba", "hybrid"],
+            "mamba_d_state": 16,
+            "mamba_headdim": 16,
+            "n_mamba_heads": 8,
+            "chunk_size": 8,
+        },
+        None,
+    ),
+    "lfm2": (MOE, None),
+    "lfm3": ({**MOE, "layer_types": ["conv", "full_attention"]}, None),
+    "nemotron_h": (MOE, None),  # its default layer pattern is long: about 90 s
 }
 
 
