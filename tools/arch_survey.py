@@ -160,8 +160,12 @@ FAMILIES = {
 
 
 def model_of(family: str):
+    """A causal LM of any transformers family from SMALL (and the family's overrides, for those
+    in FAMILIES), random weights from seed 0; dropout off, so that eager and compiled training
+    steps are comparable (they would draw different random masks)."""
     torch.manual_seed(0)
-    cfg = transformers.AutoConfig.for_model(family, **{**SMALL, **FAMILIES[family][0]})
+    overrides = FAMILIES.get(family, ({}, None))[0]
+    cfg = transformers.AutoConfig.for_model(family, **{**SMALL, **overrides})
     for key, value in list(cfg.to_dict().items()):
         if ("dropout" in key or "pdrop" in key) and isinstance(value, float):
             setattr(cfg, key, 0.0)

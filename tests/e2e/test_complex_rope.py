@@ -8,51 +8,22 @@ import torch
 
 import neuroncc
 from tests.e2e.test_hf import (
-    SMALL,
     assert_generate_with_own_cache_matches_eager,
     assert_training_step_matches_eager,
     neuron_compile_config,
 )
 
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 
-CONFIGS = {
-    "llama4_text": {
-        "num_local_experts": 4,
-        "num_experts_per_tok": 1,
-        "intermediate_size_mlp": 128,
-        "head_dim": 16,
-        "interleave_moe_layer_step": 1,
-        "no_rope_layers": [1, 1],
-        "attention_chunk_size": 64,
-    },
-    "deepseek_v2": {
-        "num_key_value_heads": 4,
-        "n_routed_experts": 4,
-        "num_experts_per_tok": 2,
-        "moe_intermediate_size": 32,
-        "kv_lora_rank": 16,
-        "q_lora_rank": None,
-        "qk_rope_head_dim": 8,
-        "qk_nope_head_dim": 8,
-        "v_head_dim": 16,
-        "first_k_dense_replace": 1,
-        "n_shared_experts": 1,
-        "topk_method": "greedy",
-    },
-}
+from tools.arch_survey import model_of  # (the families' small configs)
+
+ARCHS = ["llama4_text", "deepseek_v2"]
 
 
-def _model(arch: str):
-    torch.manual_seed(0)
-    cfg = transformers.AutoConfig.for_model(arch, **{**SMALL, **CONFIGS[arch]})
-    return transformers.AutoModelForCausalLM.from_config(cfg)
-
-
-@pytest.mark.parametrize("arch", list(CONFIGS))
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.filterwarnings("ignore:neuroncc. a mixture-of-experts")
 def test_training_step_compiles_whole(fresh, arch):
-    model = _model(arch)
+    model = model_of(arch)
     ids = torch.randint(1, 256, (2, 12), generator=torch.Generator().manual_seed(1))
     compiled = torch.compile(model, backend="neuron", options={"fallback": False})
     got = compiled(input_ids=ids, labels=ids, use_cache=False).loss
@@ -61,7 +32,7 @@ def test_training_step_compiles_whole(fresh, arch):
 
 @pytest.mark.filterwarnings("ignore:neuroncc. a mixture-of-experts")
 def test_deepseek_v2_generates_eagers_tokens(fresh):
-    model = _model("deepseek_v2").eval()
+    model = model_of("deepseek_v2").eval()
     ids = torch.randint(1, 256, (1, 6), generator=torch.Generator().manual_seed(1))
     kw = {"max_new_tokens": 5, "do_sample": False, "cache_implementation": "static"}
     want = model.generate(ids, **kw)
@@ -76,4 +47,4 @@ def test_llama4_generates_eagers_tokens(fresh):
     """With its own cache (transformers does not compile its chunked-attention static cache):
     the decode steps' graphs return sizes as numbers, which compile (ConstantOutput)."""
     ids = torch.randint(1, 256, (1, 6), generator=torch.Generator().manual_seed(1))
-    assert_generate_with_own_cache_matches_eager(_model("llama4_text").eval(), ids)
+    assert_generate_with_own_cache_matches_eager(model_of("llama4_text").eval(), ids)

@@ -11,6 +11,7 @@ import neuroncc
 from neuroncc.runtime.cache import GRAPH_CACHE
 
 transformers = pytest.importorskip("transformers")
+from tools.arch_survey import model_of as small_model  # (the small configs, one place)
 
 ARCHS = [
     "llama",
@@ -26,28 +27,7 @@ ARCHS = [
     # experts (frontend/decomp_grouped_mm.py).
     "mixtral",
 ]
-SMALL = {
-    "num_hidden_layers": 2,
-    "hidden_size": 64,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 256,
-    "intermediate_size": 128,
-    "max_position_embeddings": 128,
-    "pad_token_id": 0,
-}
 TOL = {"rtol": 1e-4, "atol": 1e-5}
-
-
-def small_model(arch: str):
-    """Random weights; dropout off, so that eager and compiled training steps are comparable
-    (they would draw different random masks)."""
-    torch.manual_seed(0)
-    cfg = transformers.AutoConfig.for_model(arch, **SMALL)
-    for key, value in list(cfg.to_dict().items()):
-        if ("dropout" in key or "pdrop" in key) and isinstance(value, float):
-            setattr(cfg, key, 0.0)
-    return transformers.AutoModelForCausalLM.from_config(cfg)
 
 
 def assert_training_step_matches_eager(model, ids, got):

@@ -8,44 +8,21 @@ import pytest
 import torch
 
 from tests.e2e.test_hf import (
-    SMALL,
     assert_generate_with_own_cache_matches_eager,
     assert_training_step_matches_eager,
 )
 
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
+from tools.arch_survey import model_of  # (the families' small configs)
 
-LINEAR = {
-    "linear_num_value_heads": 4,
-    "linear_num_key_heads": 2,
-    "linear_key_head_dim": 16,
-    "linear_value_head_dim": 16,
-    "head_dim": 16,
-    "layer_types": ["linear_attention", "full_attention"],
-}
-CONFIGS = {
-    "qwen3_next": {
-        **LINEAR,
-        "num_experts": 4,
-        "num_experts_per_tok": 2,
-        "moe_intermediate_size": 32,
-        "shared_expert_intermediate_size": 32,
-    },
-    "qwen3_5_text": LINEAR,
-}
+ARCHS = ["qwen3_next", "qwen3_5_text"]
 
 
-def _model(arch: str):
-    torch.manual_seed(0)
-    cfg = transformers.AutoConfig.for_model(arch, **{**SMALL, **CONFIGS[arch]})
-    return transformers.AutoModelForCausalLM.from_config(cfg)
-
-
-@pytest.mark.parametrize("arch", list(CONFIGS))
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.filterwarnings("ignore:neuroncc. a mixture-of-experts")
 @pytest.mark.filterwarnings("ignore:.*flash-linear-attention")
 def test_training_step_compiles_whole(fresh, arch):
-    model = _model(arch)
+    model = model_of(arch)
     # 70 tokens: two chunks of the rule's 64, the second padded.
     ids = torch.randint(1, 256, (1, 70), generator=torch.Generator().manual_seed(1))
     compiled = torch.compile(model, backend="neuron", options={"fallback": False})
@@ -53,9 +30,9 @@ def test_training_step_compiles_whole(fresh, arch):
     assert_training_step_matches_eager(model, ids, got)
 
 
-@pytest.mark.parametrize("arch", list(CONFIGS))
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.filterwarnings("ignore:neuroncc. a mixture-of-experts")
 @pytest.mark.filterwarnings("ignore:.*flash-linear-attention")
 def test_generate_with_its_cache_gives_eagers_tokens(fresh, arch):
     ids = torch.randint(1, 256, (1, 8), generator=torch.Generator().manual_seed(2))
-    assert_generate_with_own_cache_matches_eager(_model(arch).eval(), ids)
+    assert_generate_with_own_cache_matches_eager(model_of(arch).eval(), ids)
