@@ -9,6 +9,13 @@ once per op, and the rest runs as instructions on the simulator. The compiled op
 signature (the op, its tensors' shapes and dtypes, every other argument), in memory here and
 on disk through the graph cache, so an op compiles once. Ops that cannot be traced (their
 output shape depends on the data: `nonzero`, `unique`) run on the host, counted the same way.
+
+Note [timing_only eager ops]: with timing_only (NEURONCC_TIMING_ONLY) an op's program is
+timed, not simulated, and its values come from PyTorch on the host, as for a compiled graph.
+A graph runner would run the traced one-op graph for them; an op that returns one new tensor
+from tensor arguments is called itself on the host views instead, which gives the CPU's values
+(the traced graph is its decomposition) for a fraction of the host time. Ops that write their
+arguments or return several values keep the graph runner.
 """
 
 from __future__ import annotations
@@ -18,13 +25,15 @@ import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.utils._pytree as pytree
 
 from neuroncc.device import memory
 from neuroncc.runtime.stats import EAGER_PREFIX
+
+if TYPE_CHECKING:
+    from neuroncc.runtime.executor import CompiledExecutable
 
 
 @dataclass
@@ -36,6 +45,12 @@ class CompiledOp:
     run: Callable[[list], list]
     writes: tuple[int, ...]
     lists: tuple[int | None, ...] = ()  # per output: the length of the list it is (None: a tensor)
+    timed: CompiledExecutable | None = None  # timing_only: the executable timed for each call
+
+    @property
+    def plain(self) -> bool:
+        """It writes no argument and returns one tensor."""
+        return not self.writes and self.lists == (None,)
 
 
 _CACHE: dict[Any, CompiledOp | str] = {}  # a str: why the op runs on the host
@@ -46,24 +61,28 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     """op on `neuron` tensors, compiled (or on the host if it cannot be), with PyTorch's
     results: new `neuron` tensors, or the arguments an in-place or `out=` op returns."""
     args = _wrap_numbers(op, args)
-    if not kwargs and all(isinstance(x, _FLAT) for x in args):  # most: no lists, no kwargs
-        leaves, spec = list(args), None
-    else:
-        leaves, spec = pytree.tree_flatten((args, kwargs))
+    leaves, spec = _flatten(args, kwargs)
     positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
     tensors = [leaves[i] for i in positions]
-    _check_devices(op, tensors)
-    hosts = [memory.host_view(t) if t.device.type == memory.DEVICE else t for t in tensors]
+    hosts = _hosts(op, tensors)
     key = _signature(op, leaves, spec)
-    with _LOCK:
-        compiled = _CACHE.get(key, ...)
+    compiled = _CACHE.get(key, ...)
     if compiled is ...:
-        compiled = _compile(op, leaves, positions, spec, hosts)
         with _LOCK:
-            _CACHE[key] = compiled
+            compiled = _CACHE.get(key, ...)
+            if compiled is ...:
+                compiled = _CACHE[key] = _compile(op, leaves, positions, spec, hosts)
     if isinstance(compiled, str):
         return _on_host(op, leaves, positions, spec, tensors, hosts, compiled)
+    if compiled.timed is not None:  # timed, and computed by PyTorch on the host views
+        compiled.timed.record_timing_only()
+        value = _call(op, leaves, positions, spec, hosts)
+        if compiled.plain and _returns(op) == (None,):
+            return memory.adopt(value)
+        return results(op, args, kwargs, list(value) if isinstance(value, tuple) else [value])
     values = compiled.run(hosts)
+    if compiled.plain and _returns(op) == (None,) and isinstance(values[0], torch.Tensor):
+        return memory.adopt(values[0])  # most ops: one new tensor
     for k, value in zip(compiled.writes, values, strict=False):
         if tensors[k].shape != value.shape:  # an `out=` argument takes the result's shape
             tensors[k].resize_(value.shape)
@@ -79,16 +98,50 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
 _FLAT = (torch.Tensor, int, float, bool, type(None), torch.dtype)
 
 
+def _flatten(args: tuple, kwargs: dict) -> tuple[list, Any]:
+    """op's arguments as a list of leaves, and how to put them back (`_unflatten`): None when
+    they are flat already (most ops); else the number of positional arguments, the keywords,
+    and per argument None (a leaf) or the type and length of its list. ATen's arguments are
+    never lists of lists."""
+    if not kwargs and all(isinstance(x, _FLAT) for x in args):
+        return list(args), None
+    leaves, shape = [], []
+    for x in (*args, *kwargs.values()):
+        if isinstance(x, (list, tuple)):
+            shape.append((type(x), len(x)))
+            leaves.extend(x)
+        else:
+            shape.append(None)
+            leaves.append(x)
+    return leaves, (len(args), tuple(kwargs), tuple(shape))
+
+
+def _unflatten(leaves: list, spec) -> tuple[list, dict]:
+    if spec is None:
+        return leaves, {}
+    n, keys, shape = spec
+    values, at = [], 0
+    for kind in shape:
+        if kind is None:
+            values.append(leaves[at])
+            at += 1
+        else:
+            values.append(kind[0](leaves[at : at + kind[1]]))
+            at += kind[1]
+    return values[:n], dict(zip(keys, values[n:], strict=True))
+
+
 def _wrap_numbers(op, args: tuple) -> tuple:
     """PyTorch hands a Python kernel the number a `Tensor` argument was given as (`x % 3`);
     the op itself wants it as a tensor again."""
     positions = _tensor_positions(op)
-    if not any(k < len(args) and isinstance(args[k], (int, float)) for k in positions):
-        return args
-    return tuple(
-        torch.tensor(x) if k in positions and isinstance(x, (int, float)) else x
-        for k, x in enumerate(args)
-    )
+    for k in positions:
+        if k < len(args) and isinstance(args[k], (int, float)):
+            return tuple(
+                torch.tensor(x) if i in positions and isinstance(x, (int, float)) else x
+                for i, x in enumerate(args)
+            )
+    return args
 
 
 @functools.cache
@@ -100,13 +153,21 @@ def _tensor_positions(op) -> frozenset[int]:
     )
 
 
-def _check_devices(op, tensors: list[torch.Tensor]) -> None:
+def _hosts(op, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The host views of op's `neuron` tensors; CPU tensors only as scalars (0-dim), as on
+    any device."""
+    hosts = []
     for t in tensors:
-        if t.device.type != memory.DEVICE and t.dim() > 0:
+        if t.is_cpu and t.dim() == 0:
+            hosts.append(t)
+        elif not t.is_cpu and t.device.type == memory.DEVICE:
+            hosts.append(memory.host_view(t))
+        else:
             raise RuntimeError(
                 "Expected all tensors to be on the same device, but found at least two "
                 f"devices, {memory.DEVICE}:0 and {t.device}! (in {op})"
             )
+    return hosts
 
 
 def _signature(op, leaves: list, spec) -> Any:
@@ -128,14 +189,14 @@ def _compile(op, leaves: list, positions: list[int], spec, hosts: list) -> Compi
     mostly ops whose output shape depends on the data)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from neuroncc.frontend.backend import compile_aten_graph
+    from neuroncc.frontend.backend import compile_aten_graph, graph_runner
     from neuroncc.frontend.decompositions import DECOMPOSITIONS
 
     def call(*ts):
         flat = list(leaves)
         for i, t in zip(positions, ts, strict=True):
             flat[i] = t
-        a, k = (flat, {}) if spec is None else pytree.tree_unflatten(flat, spec)
+        a, k = _unflatten(flat, spec)
         return op(*a, **k)
 
     try:
@@ -148,8 +209,38 @@ def _compile(op, leaves: list, positions: list[int], spec, hosts: list) -> Compi
         lines = str(e).strip().splitlines()
         return f"it cannot be traced: {type(e).__name__}: {lines[0] if lines else ''}"
     writes, lists = _strip_writes(traced)
-    fn = compile_aten_graph(traced, hosts, opts=_options(), name=f"{EAGER_PREFIX}{op}")
-    return CompiledOp(fn, writes, lists)
+    opts = _options()
+    fn = compile_aten_graph(traced, hosts, opts=opts, name=f"{EAGER_PREFIX}{op}")
+    compiled = CompiledOp(fn, writes, lists)
+    runner = graph_runner(fn)
+    if opts.timing_only and runner is not None and _direct(traced, compiled, leaves, hosts):
+        compiled.timed = runner.compiled  # Note [timing_only eager ops]
+    return compiled
+
+
+def _direct(traced: torch.fx.GraphModule, compiled: CompiledOp, leaves: list, hosts: list) -> bool:
+    """Whether op itself, called on its arguments' host views, does what its compiled graph
+    does: it has tensor arguments and no `device=` (a factory would call the device again),
+    returns no list, and what it writes has its argument's shape (no `out=` resized: a host
+    view cannot grow its device storage)."""
+    if not hosts or any(isinstance(x, torch.device) for x in leaves):
+        return False
+    if any(n is not None for n in compiled.lists):
+        return False
+    output = next(n for n in traced.graph.nodes if n.op == "output")
+    written = output.args[0][: len(compiled.writes)]
+    return all(
+        v.meta["val"].shape == hosts[k].shape for k, v in zip(compiled.writes, written, strict=True)
+    )
+
+
+def _call(op, leaves: list, positions: list[int], spec, hosts: list) -> Any:
+    """op called on the host views `hosts` of its tensor arguments."""
+    flat = list(leaves)
+    for i, h in zip(positions, hosts, strict=True):
+        flat[i] = h
+    a, k = _unflatten(flat, spec)
+    return op(*a, **k)
 
 
 def _strip_writes(gm: torch.fx.GraphModule) -> tuple[tuple[int, ...], tuple[int | None, ...]]:
@@ -209,11 +300,7 @@ def _on_host(op, leaves, positions, spec, tensors, hosts, why: str) -> Any:
         warnings.warn(
             f"neuroncc runs {op} on the host CPU for the neuron device: {why}", stacklevel=3
         )
-    flat = list(leaves)
-    for i, h in zip(positions, hosts, strict=True):
-        flat[i] = h
-    a, k = (flat, {}) if spec is None else pytree.tree_unflatten(flat, spec)
-    return memory.to_device(op(*a, **k), hosts, tensors)
+    return memory.to_device(_call(op, leaves, positions, spec, hosts), hosts, tensors)
 
 
 def results(op, args: tuple, kwargs: dict, outs: list) -> Any:

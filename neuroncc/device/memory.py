@@ -103,20 +103,35 @@ def storage_bytes(size, stride, dtype: torch.dtype) -> int:
     return span * dtype.itemsize
 
 
-def _device_storage(host: torch.Tensor, nbytes: int) -> torch.UntypedStorage:
-    """A `neuron` storage over host's bytes (already counted in HBM), given back to HBM when
-    PyTorch frees it."""
+def _device_storage(host: torch.UntypedStorage, nbytes: int) -> torch.UntypedStorage:
+    """A `neuron` storage over the bytes of host (a CPU storage; already counted in HBM),
+    given back to HBM when PyTorch frees it."""
     storage = torch._C._construct_storage_from_data_pointer(host.data_ptr(), device(), nbytes)
     storage._neuron_host = host  # kept as long as the storage (Note [device memory])
-    weakref.finalize(storage, HBM.give, nbytes)
+    storage._neuron_flat = {}  # per dtype, a CPU tensor over all of host (host_view)
+    _LIVE.add(weakref.ref(storage, functools.partial(_freed, nbytes)))
     return storage
+
+
+_LIVE: set[weakref.ref] = set()  # the device storages' weak references, until freed
+
+
+def _freed(nbytes: int, ref: weakref.ref) -> None:
+    _LIVE.discard(ref)
+    HBM.give(nbytes)
+
+
+def host_bytes(storage: torch.UntypedStorage) -> torch.Tensor:
+    """A `neuron` storage's bytes, as a CPU uint8 tensor."""
+    host = storage._neuron_host
+    return torch.empty(0, dtype=torch.uint8).set_(host)[: storage.nbytes()]
 
 
 def new_storage(nbytes: int) -> torch.UntypedStorage:
     """nbytes of device memory (uninitialised)."""
     HBM.take(nbytes)
     try:
-        host = torch.empty(max(nbytes, 1), dtype=torch.uint8)
+        host = torch.empty(max(nbytes, 1), dtype=torch.uint8).untyped_storage()
     except RuntimeError:
         HBM.give(nbytes)
         raise torch.OutOfMemoryError(
@@ -167,7 +182,7 @@ def patch_storage_constructor() -> None:
     torch.UntypedStorage.__new__ = new
 
 
-_SET = torch.ops.aten.set_.source_Storage_storage_offset
+_SET = torch.ops.aten.set_.source_Storage_storage_offset._handle.redispatch_boxed
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
 
@@ -175,7 +190,7 @@ def _tensor(storage: torch.UntypedStorage, size, stride, dtype: torch.dtype) -> 
     """A new `neuron` tensor over storage (PyTorch's own set_, as the device's set_ kernel
     does, without the dispatch to it: the tensor is new, so no autograd to record)."""
     t = torch._C._acc.create_empty_tensor(size, dtype)
-    return _SET.redispatch(_CPU, t, storage, 0, size, stride)
+    return _SET(_CPU, t, storage, 0, size, stride)
 
 
 def empty(size, dtype: torch.dtype | None) -> torch.Tensor:
@@ -192,9 +207,13 @@ def contiguous_strides(size) -> tuple[int, ...]:
 
 def host_view(t: torch.Tensor) -> torch.Tensor:
     """A CPU tensor over the bytes of `neuron` tensor t, with its shape, strides and offset."""
-    host = t.untyped_storage()._neuron_host
-    out = torch.empty(0, dtype=t.dtype)
-    out = out.set_(host.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+    storage = t.untyped_storage()
+    flat = storage._neuron_flat.get(t.dtype)  # (as_strided of it: faster than a new set_)
+    if flat is None:
+        flat = storage._neuron_flat[t.dtype] = torch.empty(0, dtype=t.dtype).set_(
+            storage._neuron_host
+        )
+    out = flat.as_strided(t.shape, t.stride(), t.storage_offset())
     if t.is_conj():  # PyTorch's lazy conjugate and negative bits go with the view
         out = out.conj()
     if t.is_neg():
@@ -223,11 +242,11 @@ def to_device(out, hosts: list, args: list):
 def adopt(cpu: torch.Tensor) -> torch.Tensor:
     """A `neuron` tensor over a CPU tensor's bytes (what a computation just produced in host
     memory standing for HBM), without copying them."""
-    cpu = cpu.resolve_conj().resolve_neg()  # lazy conjugate and negative bits: the values
+    if cpu.is_conj() or cpu.is_neg():  # lazy conjugate and negative bits: the values
+        cpu = cpu.resolve_conj().resolve_neg()
     if not cpu.is_contiguous() or cpu.storage_offset():
         cpu = cpu.contiguous()
     nbytes = cpu.numel() * cpu.element_size()
     HBM.take(nbytes)
-    host = cpu.view(-1).view(torch.uint8) if cpu.numel() else torch.empty(1, dtype=torch.uint8)
-    shape = tuple(cpu.shape)
-    return _tensor(_device_storage(host, nbytes), shape, contiguous_strides(shape), cpu.dtype)
+    host = cpu.untyped_storage() if nbytes else torch.empty(1, dtype=torch.uint8).untyped_storage()
+    return _tensor(_device_storage(host, nbytes), cpu.shape, cpu.stride(), cpu.dtype)

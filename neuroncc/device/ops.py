@@ -16,6 +16,7 @@ kernel sorts its op into one of:
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -70,7 +71,7 @@ def _handler(op: torch._ops.OpOverload):
     if special is not None:
         return special
     if _is_view(op):
-        return lambda *args, **kwargs: op.redispatch(_CPU, *args, **kwargs)
+        return functools.partial(op._handle.redispatch_boxed, _CPU)  # (op.redispatch's own)
     if torch.Tag.nondeterministic_seeded in op.tags:
         return lambda *args, **kwargs: _random(op, args, kwargs)
     return lambda *args, **kwargs: eager.run(op, args, kwargs)
@@ -147,7 +148,7 @@ def _resize_(self, size, memory_format=None):
     storage = self.untyped_storage()
     if need > storage.nbytes():
         bigger = memory.empty((need,), torch.uint8)
-        memory.host_view(bigger)[: storage.nbytes()].copy_(storage._neuron_host[: storage.nbytes()])
+        memory.host_view(bigger)[: storage.nbytes()].copy_(memory.host_bytes(storage))
         self.set_(bigger.untyped_storage(), self.storage_offset(), size)
         return self
     return self.set_(storage, self.storage_offset(), size, memory.contiguous_strides(size))

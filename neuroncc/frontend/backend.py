@@ -271,6 +271,11 @@ def _compile_or_eager(
     return lambda *args: _as_list(gm(*args))
 
 
+def graph_runner(fn: Callable) -> GraphRunner | None:
+    """The GraphRunner of what compile_aten_graph returned, if it compiled the graph whole."""
+    return getattr(fn, "graph_runner", None)
+
+
 def _as_list(out: Any) -> list:
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
@@ -327,7 +332,10 @@ def _compile_real_graph(
     if not declined:
         if not inference:
             static = frozenset()
-        return make_boxed_func(_compile_or_eager(gm, opts, name, static))
+        run = _compile_or_eager(gm, opts, name, static)
+        boxed = make_boxed_func(run)
+        boxed.graph_runner = run if isinstance(run, GraphRunner) else None
+        return boxed
     if not opts.fallback:
         ops = sorted({str(n.target) for n in declined if n.target is not operator.getitem})
         first = next(iter(declined.values()))

@@ -59,8 +59,7 @@ class CompiledExecutable:
 
     def record_timing_only(self) -> None:
         """An execution that was timed, not simulated (CompileOptions.timing_only)."""
-        STATS.add("timing_only_executions")
-        STATS.add_execution(self.exe.name, self.profile, self)
+        STATS.add_execution(self.exe.name, self.profile, self, timing_only=True)
 
     def trace_events(self, pid: int = 0) -> dict:
         """This executable's schedule in Chrome trace-event format (see timing.trace_events)."""

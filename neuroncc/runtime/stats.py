@@ -84,15 +84,20 @@ class Stats:
         with self._lock:
             return self._values[key]
 
-    def add_execution(self, graph: str, prof: Any, compiled: Any) -> None:
-        """One execution of `compiled` (a CompiledExecutable) with timing.Profile `prof`."""
+    def add_execution(
+        self, graph: str, prof: Any, compiled: Any, timing_only: bool = False
+    ) -> None:
+        """One execution of `compiled` (a CompiledExecutable) with timing.Profile `prof`;
+        `timing_only`: it was timed, not simulated."""
         seconds = prof.device_ns * 1e-9
         if graph.startswith(EAGER_PREFIX):
             with self._lock:
                 self._values["eager_executions"] += 1
                 self._values["eager_device_seconds"] += seconds
+                self._values["timing_only_executions"] += timing_only
             return
         amounts = {
+            "timing_only_executions": int(timing_only),
             "executions": 1,
             "instructions": prof.instructions,
             "device_seconds": seconds,

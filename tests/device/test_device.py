@@ -527,6 +527,29 @@ def test_timing_only_times_device_ops_without_simulating_them(fresh, monkeypatch
     assert s["timing_only_executions"] == 1 and s["eager_device_seconds"] > 0, s
 
 
+def test_timing_only_ops_are_called_on_the_host_views(fresh, monkeypatch):
+    """Note [timing_only eager ops]: under timing_only an op is called itself on the host
+    views (in place, lists of tensors), except an `out=` it would resize; every call timed."""
+    from neuroncc.device import eager
+
+    monkeypatch.setenv("NEURONCC_TIMING_ONLY", "1")
+    x, y = torch.randn(37, 29), torch.randn(37, 29)
+    dx, dy = x.to("neuron"), y.to("neuron")
+    torch.testing.assert_close(torch.cat([dx, dy], 1).cpu(), torch.cat([x, y], 1))
+    assert dx.add_(dy) is dx
+    torch.testing.assert_close(dx.cpu(), x + y)
+    out = torch.empty(0, device="neuron")
+    assert torch.mul(dy, 3.0, out=out) is out
+    torch.testing.assert_close(out.cpu(), y * 3.0)
+    assert neuroncc.stats()["timing_only_executions"] == 3
+    here = [
+        (k, c) for k, c in eager._CACHE.items() if (torch.Size([37, 29]), torch.float32, False) in k
+    ]
+    direct = {str(k[0]): c.timed is not None for k, c in here}
+    assert direct["aten.cat.default"] and direct["aten.add_.Tensor"], direct
+    assert not direct["aten.mul.out"], direct  # its `out=` is resized: the graph runner
+
+
 @pytest.mark.parametrize("arch", ["qwen3", "gemma2", "gpt2"])
 def test_real_architectures_generate_the_cpu_tokens_on_the_device(arch, fresh):
     """Of the real-models tests' architectures (all ten pass: see the closing note of issue
