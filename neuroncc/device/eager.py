@@ -12,10 +12,11 @@ output shape depends on the data: `nonzero`, `unique`) run on the host, counted 
 
 Note [timing_only eager ops]: with timing_only (NEURONCC_TIMING_ONLY) an op's program is
 timed, not simulated, and its values come from PyTorch on the host, as for a compiled graph.
-A graph runner would run the traced one-op graph for them; an op that returns one new tensor
-from tensor arguments is called itself on the host views instead, which gives the CPU's values
-(the traced graph is its decomposition) for a fraction of the host time. Ops that write their
-arguments or return several values keep the graph runner.
+A graph runner would run the traced one-op graph for them; the op itself is called on the
+host views instead (`_direct`), which gives the CPU's values (the traced graph is its
+decomposition) for a fraction of the host time, in-place ops writing the device bytes as they
+go. Factories (their `device=` would call the device again), ops returning lists and `out=`
+arguments the op would resize (a host view cannot grow its device storage) keep the runner.
 """
 
 from __future__ import annotations
