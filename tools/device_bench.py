@@ -142,12 +142,8 @@ def floor_run(op, args: tuple, kwargs: dict):
     views of its tensors, the op itself on them, new device tensors over its results."""
     from neuroncc.device import eager, memory
 
-    args = eager._wrap_numbers(op, args)
-    leaves, spec = eager._flatten(args, kwargs)
-    positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-    tensors = [leaves[i] for i in positions]
-    hosts = eager._hosts(op, tensors)
-    return memory.to_device(eager._call(op, leaves, positions, spec, hosts), hosts, tensors)
+    _, leaves, spec, positions, tensors, hosts = eager.arguments(op, args, kwargs)
+    return memory.to_device(eager.call_on(op, leaves, positions, spec, hosts), hosts, tensors)
 
 
 def generate_timing_only(floor: bool = False) -> dict:

@@ -46,12 +46,8 @@ class CompiledOp:
     run: Callable[[list], list]
     writes: tuple[int, ...]
     lists: tuple[int | None, ...] = ()  # per output: the length of the list it is (None: a tensor)
+    fresh: bool = False  # it writes no argument and returns one new tensor (most ops)
     timed: CompiledExecutable | None = None  # timing_only: the executable timed for each call
-
-    @property
-    def plain(self) -> bool:
-        """It writes no argument and returns one tensor."""
-        return not self.writes and self.lists == (None,)
 
 
 _CACHE: dict[Any, CompiledOp | str] = {}  # a str: why the op runs on the host
@@ -61,11 +57,7 @@ _LOCK = threading.Lock()
 def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     """op on `neuron` tensors, compiled (or on the host if it cannot be), with PyTorch's
     results: new `neuron` tensors, or the arguments an in-place or `out=` op returns."""
-    args = _wrap_numbers(op, args)
-    leaves, spec = _flatten(args, kwargs)
-    positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-    tensors = [leaves[i] for i in positions]
-    hosts = _hosts(op, tensors)
+    args, leaves, spec, positions, tensors, hosts = arguments(op, args, kwargs)
     key = _signature(op, leaves, spec)
     compiled = _CACHE.get(key, ...)
     if compiled is ...:
@@ -77,13 +69,13 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
         return _on_host(op, leaves, positions, spec, tensors, hosts, compiled)
     if compiled.timed is not None:  # timed, and computed by PyTorch on the host views
         compiled.timed.record_timing_only()
-        value = _call(op, leaves, positions, spec, hosts)
-        if compiled.plain and _returns(op) == (None,):
+        value = call_on(op, leaves, positions, spec, hosts)
+        if compiled.fresh:
             return memory.adopt(value)
         return results(op, args, kwargs, list(value) if isinstance(value, tuple) else [value])
     values = compiled.run(hosts)
-    if compiled.plain and _returns(op) == (None,) and isinstance(values[0], torch.Tensor):
-        return memory.adopt(values[0])  # most ops: one new tensor
+    if compiled.fresh and isinstance(values[0], torch.Tensor):
+        return memory.adopt(values[0])
     for k, value in zip(compiled.writes, values, strict=False):
         if tensors[k].shape != value.shape:  # an `out=` argument takes the result's shape
             tensors[k].resize_(value.shape)
@@ -94,6 +86,17 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
         for n in compiled.lists:
             outs.append(next(flat) if n is None else [next(flat) for _ in range(n)])
     return results(op, args, kwargs, outs)
+
+
+def arguments(op, args: tuple, kwargs: dict) -> tuple:
+    """op's arguments as the device's ops take them: (args with numbers wrapped, their leaves
+    and spec (`_flatten`), the positions of the tensors among the leaves, the tensors, their
+    host views)."""
+    args = _wrap_numbers(op, args)
+    leaves, spec = _flatten(args, kwargs)
+    positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+    tensors = [leaves[i] for i in positions]
+    return args, leaves, spec, positions, tensors, _hosts(op, tensors)
 
 
 _FLAT = (torch.Tensor, int, float, bool, type(None), torch.dtype)
@@ -212,7 +215,8 @@ def _compile(op, leaves: list, positions: list[int], spec, hosts: list) -> Compi
     writes, lists = _strip_writes(traced)
     opts = _options()
     fn = compile_aten_graph(traced, hosts, opts=opts, name=f"{EAGER_PREFIX}{op}")
-    compiled = CompiledOp(fn, writes, lists)
+    fresh = not writes and lists == (None,) and _returns(op) == (None,)
+    compiled = CompiledOp(fn, writes, lists, fresh)
     runner = graph_runner(fn)
     if opts.timing_only and runner is not None and _direct(traced, compiled, leaves, hosts):
         compiled.timed = runner.compiled  # Note [timing_only eager ops]
@@ -235,7 +239,7 @@ def _direct(traced: torch.fx.GraphModule, compiled: CompiledOp, leaves: list, ho
     )
 
 
-def _call(op, leaves: list, positions: list[int], spec, hosts: list) -> Any:
+def call_on(op, leaves: list, positions: list[int], spec, hosts: list) -> Any:
     """op called on the host views `hosts` of its tensor arguments."""
     flat = list(leaves)
     for i, h in zip(positions, hosts, strict=True):
@@ -301,7 +305,7 @@ def _on_host(op, leaves, positions, spec, tensors, hosts, why: str) -> Any:
         warnings.warn(
             f"neuroncc runs {op} on the host CPU for the neuron device: {why}", stacklevel=3
         )
-    return memory.to_device(_call(op, leaves, positions, spec, hosts), hosts, tensors)
+    return memory.to_device(call_on(op, leaves, positions, spec, hosts), hosts, tensors)
 
 
 def results(op, args: tuple, kwargs: dict, outs: list) -> Any:
